@@ -1,0 +1,33 @@
+// GPU tests call LOOM_REQUIRE_GPU() first: without a usable sm_90 device they skip with the reason,
+// and CTest reports them as skipped (never as passed).
+#pragma once
+
+#include <cuda_runtime.h>
+#include <gtest/gtest.h>
+
+#include <string>
+
+namespace loom::test {
+
+// Empty when a Hopper (sm_90) device is usable, else why not.
+inline std::string gpu_unavailable_reason() {
+  int count = 0;
+  const cudaError_t e = cudaGetDeviceCount(&count);
+  if (e != cudaSuccess) {
+    cudaGetLastError();
+    return std::string("no CUDA device (") + cudaGetErrorString(e) + ")";
+  }
+  if (count == 0) return "no CUDA device";
+  cudaDeviceProp prop{};
+  if (cudaGetDeviceProperties(&prop, 0) != cudaSuccess) return "cannot query device 0";
+  if (prop.major != 9) return std::string("device 0 (") + prop.name + ") is not sm_90; loom kernels are built for sm_90a";
+  return {};
+}
+
+}  // namespace loom::test
+
+#define LOOM_REQUIRE_GPU()                                                  \
+  do {                                                                      \
+    const std::string loom_reason_ = ::loom::test::gpu_unavailable_reason(); \
+    if (!loom_reason_.empty()) GTEST_SKIP() << "GPU test skipped: " << loom_reason_; \
+  } while (0)
