@@ -9,8 +9,12 @@
 //          (ties: lower expert id). Weights are the unbiased s of the chosen experts.
 // Both:    optional renormalisation (w /= sum w), then w *= scale.
 // Slot order: slot 0 is the best expert, descending by rank.
-// NaN logits rank below every number and score 0 probability (softmax) or sigmoid 0 (sigmoid);
-// a token whose chosen weights sum to 0 keeps weights 0 after renormalisation (never NaN).
+// NaN logits rank below every number (also below -inf) and score 0 probability (softmax) or
+// sigmoid 0 (sigmoid); a token whose chosen weights sum to 0 keeps weights 0 after renormalisation
+// (never NaN). Softmax: -inf gives probability 0, +inf logits share the mass equally, and a row with
+// no logit above -inf gets weights 0. Sigmoid: s = 1 / (1 + exp(-x)); a NaN logit or NaN bias makes
+// the biased score NaN (ranked last); a group whose two best include a NaN scores NaN and ranks
+// after every scored group.
 #pragma once
 
 #include <cstdint>

@@ -1,0 +1,59 @@
+#!/usr/bin/env bash
+# One-call GPU check, for a machine with an H200 and an existing build (built elsewhere and carried,
+# or by scripts/build.sh): tool sanity, the GPU tests (all tests, in fact), `loom peaks`, and the
+# benchmark presets. Logs and JSON go under $OUT (or ./out); a short table is printed last.
+#   BUILD_DIR   build folder (default build)
+#   CHECK_BENCH extra `loom bench` runs, ';'-separated argument lists (default: the presets)
+#   GTEST_FILTER which tests to run (default all)
+set -uo pipefail
+cd "$(dirname "$0")/.."
+build=${BUILD_DIR:-build}
+out=${OUT:-out}
+mkdir -p "$out/logs"
+export LD_LIBRARY_PATH=/usr/local/cuda/lib64:/usr/local/cuda/targets/x86_64-linux/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+loom=$build/tools/loom
+tests=$build/tests/loom_tests
+summary=$out/logs/summary.txt
+: > "$summary"
+note() { echo "$*" | tee -a "$summary"; }
+
+{
+  date -u; nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,clocks.mem,power.draw,temperature.gpu --format=csv
+  command -v ncu >/dev/null && ncu --version | tail -1
+  command -v compute-sanitizer >/dev/null && compute-sanitizer --version | tail -1
+} > "$out/logs/machine.txt" 2>&1
+
+"$tests" --gtest_filter="${GTEST_FILTER:-*}" --gtest_output=json:"$out/logs/tests.json" > "$out/logs/tests.log" 2>&1
+test_rc=$?
+passed=$(grep -c '^\[       OK \]' "$out/logs/tests.log")
+failed=$(grep -c '^\[  FAILED  \] [A-Za-z]' "$out/logs/tests.log")
+skipped=$(grep -c '^\[  SKIPPED \]' "$out/logs/tests.log")
+gpu_ran=$(grep '^\[       OK \]' "$out/logs/tests.log" | grep -c 'Gpu')
+note "tests: rc=$test_rc passed=$passed failed=$failed skipped=$skipped (GPU tests passed: $gpu_ran)"
+grep '^\[  FAILED  \] [A-Za-z]' "$out/logs/tests.log" | sort -u | tee -a "$summary"
+
+if [ -n "${SANITIZE_FILTER:-}" ] && command -v compute-sanitizer >/dev/null; then
+  compute-sanitizer --tool memcheck --error-exitcode 9 "$tests" --gtest_filter="$SANITIZE_FILTER" \
+    > "$out/logs/memcheck.log" 2>&1
+  note "memcheck ($SANITIZE_FILTER): rc=$?"
+fi
+
+"$loom" peaks --json "$out/logs/peaks.json" > "$out/logs/peaks.txt" 2> "$out/logs/peaks.err"
+note "peaks: rc=$?"
+
+IFS=';' read -r -a runs <<< "${CHECK_BENCH:---preset qwen35-single;--preset qwen35-single --tokens 1,8,32,128,512,2048,8192 --reps 200;--preset qwen35-layer --tokens 1,128;--preset h200-bf16 --tokens 512}"
+i=0
+for run in "${runs[@]}"; do
+  i=$((i + 1))
+  # shellcheck disable=SC2086
+  "$loom" bench $run --json "$out/logs/bench$i.json" > "$out/logs/bench$i.txt" 2> "$out/logs/bench$i.err"
+  note "bench$i ($run): rc=$?"
+done
+
+tar -C "$out" -czf "$out/gpu-check.tar.gz" logs
+cp "$out/logs/summary.txt" "$out/summary.txt"
+rm -rf "$out/logs"
+tar -xzOf "$out/gpu-check.tar.gz" logs/peaks.txt 2>/dev/null
+for j in $(seq 1 $i); do tar -xzOf "$out/gpu-check.tar.gz" "logs/bench$j.txt" 2>/dev/null; done
+echo "---- summary"
+cat "$out/summary.txt"

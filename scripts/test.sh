@@ -1,0 +1,7 @@
+#!/usr/bin/env bash
+# The test command: build, then run the whole suite through CTest. GPU tests skip (and are reported
+# as skipped) on a machine without an sm_90 GPU.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+scripts/build.sh
+ctest --test-dir "${BUILD_DIR:-build}" --output-on-failure -j "${JOBS:-$(nproc)}" "$@"

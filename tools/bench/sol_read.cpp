@@ -1,0 +1,24 @@
+#include "bench/sol_read.hpp"
+
+namespace loom::bench {
+
+std::vector<ReadConfig> read_sweep() {
+  std::vector<ReadConfig> v;
+  for (int ctas : {2, 4, 8})
+    for (int unroll : {2, 4, 8}) v.push_back(ReadConfig{ctas, 512, unroll});
+  return v;
+}
+
+ReadResult measure_stream_read(GpuTimer& timer, const DeviceInfo& device, const std::vector<ReadArgs>& per_copy,
+                               L2Mode mode, const TimerOptions& opt) {
+  ReadResult best;
+  for (const ReadConfig& cfg : read_sweep()) {
+    const Stats s = timer.time(
+        [&](cudaStream_t st, int c) { launch_stream_read(per_copy[size_t(c)], cfg, device.sm_count, st); },
+        int(per_copy.size()), mode, opt);
+    if (!best.stats.valid() || s.median_us < best.stats.median_us) best = {s, cfg};
+  }
+  return best;
+}
+
+}  // namespace loom::bench

@@ -1,0 +1,185 @@
+// loom: benchmark, peaks and plan inspection for the loom MoE kernels.
+#include <cstdio>
+#include <iostream>
+#include <string>
+#include <vector>
+
+#include "args.hpp"
+#include "bench/bench.hpp"
+#include "bench/peaks.hpp"
+#include "common/build_info.hpp"
+#include "common/device_info.hpp"
+#include "loom/types.hpp"
+#include "workload/workload.hpp"
+
+namespace {
+
+using loom::Error;
+using loom::cli::Args;
+
+constexpr const char* kUsage = R"(loom - fused MoE kernels for Hopper: benchmark and tools
+
+usage:
+  loom bench [options]   time the MoE layer on a workload (default: --preset qwen35-single)
+  loom peaks [options]   measure the device's read bandwidth and dense GEMM rates
+  loom info [options]    show the device and the plan loom would use for a shape
+  loom help              this text
+
+workload options (bench, info):
+  --preset NAME          qwen35-single | qwen35-layer | h200-bf16
+  --tokens T[,T...]      token counts (one measurement each); --sweep for 1,8,32,128,512,2048,8192
+  --hidden H  --inter I  widths (single mode: K = hidden, N = inter); multiples of 16
+  --experts E --topk k   expert count and experts per token
+  --mode single|ffn      --dtype fp8|bf16
+  --dist SPEC            random | balanced | zipf:S | hot:P | concentrated | replay:FILE
+  --scoring softmax|sigmoid  --softcap C  --no-renorm  --n-group G  --topk-group G  --routed-scale S
+  --seed N               generator seed (default 1)
+bench options:
+  --reps N (default 500)  --warmup N (default 20)  --json FILE  --csv FILE  --no-sol
+  --max-copies N         input copies for cold-L2 rotation (default 8)
+  --max-cpu-gflop G      skip the CPU reference above this size (default 40)
+)";
+
+const std::set<std::string> kWorkloadFlags = {"preset", "tokens",  "hidden",     "inter",      "experts",
+                                              "topk",   "mode",    "dtype",      "dist",       "scoring",
+                                              "softcap", "n-group", "topk-group", "routed-scale", "seed"};
+
+struct Workload {
+  std::string preset;
+  loom::Shape shape;
+  loom::Routing routing;
+  std::vector<int64_t> tokens;
+  loom::Distribution dist;
+  uint64_t seed = 1;
+};
+
+Workload parse_workload(const Args& a) {
+  Workload w;
+  w.preset = a.str("preset", "qwen35-single");
+  const loom::Preset& p = loom::find_preset(w.preset);
+  w.shape = p.shape;
+  w.routing = p.routing;
+  bool custom = false;
+  auto override_int = [&](const char* flag, int64_t& field) {
+    if (a.has(flag)) {
+      field = a.integer(flag, 0);
+      custom = true;
+    }
+  };
+  override_int("hidden", w.shape.hidden);
+  override_int("inter", w.shape.inter);
+  override_int("experts", w.shape.experts);
+  override_int("topk", w.shape.topk);
+  if (a.has("mode")) w.shape.mode = loom::parse_mode(a.str("mode", "")), custom = true;
+  if (a.has("dtype")) w.shape.dtype = loom::parse_dtype(a.str("dtype", "")), custom = true;
+  if (a.has("scoring")) w.routing.scoring = loom::parse_scoring(a.str("scoring", ""));
+  w.routing.softcap = float(a.number("softcap", w.routing.softcap));
+  if (a.has("no-renorm")) w.routing.renormalize = false;
+  w.routing.n_group = int(a.integer("n-group", w.routing.n_group));
+  w.routing.topk_group = int(a.integer("topk-group", w.routing.topk_group));
+  w.routing.scale = float(a.number("routed-scale", w.routing.scale));
+  if (custom) w.preset += "+custom";
+  w.dist = loom::parse_distribution(a.str("dist", "random"));
+  const int64_t seed = a.integer("seed", 1);
+  if (seed < 0) throw Error("--seed must be >= 0");
+  w.seed = uint64_t(seed);
+  if (a.has("sweep") && a.has("tokens")) throw Error("give --tokens or --sweep, not both");
+  w.tokens = a.has("sweep") ? std::vector<int64_t>{1, 8, 32, 128, 512, 2048, 8192}
+             : a.has("tokens") ? a.integer_list("tokens")
+                               : std::vector<int64_t>{p.shape.tokens};
+  loom::validate(w.shape);
+  loom::validate(w.routing, w.shape);
+  for (int64_t t : w.tokens) {
+    loom::Shape s = w.shape;
+    s.tokens = t;
+    loom::validate(s);
+    // A bad replay file is reported before any work starts.
+    if (w.dist.kind == loom::DistKind::replay) loom::read_replay_counts(w.dist.file, t, s.topk, s.experts);
+  }
+  return w;
+}
+
+std::vector<std::string> rest(int argc, char** argv) { return std::vector<std::string>(argv + 2, argv + argc); }
+
+int cmd_bench(int argc, char** argv) {
+  std::set<std::string> valued = kWorkloadFlags;
+  valued.insert({"reps", "warmup", "json", "csv", "max-copies", "max-cpu-gflop"});
+  const Args a(rest(argc, argv), valued, {"no-renorm", "sweep", "no-sol"});
+  const Workload w = parse_workload(a);
+  loom::bench::BenchOptions opt;
+  opt.preset = w.preset;
+  opt.shape = w.shape;
+  opt.routing = w.routing;
+  opt.tokens = w.tokens;
+  opt.dist = w.dist;
+  opt.seed = w.seed;
+  opt.timer.reps = int(a.integer("reps", 500));
+  opt.timer.warmup = int(a.integer("warmup", 20));
+  if (opt.timer.reps < 1) throw Error("--reps must be >= 1");
+  if (opt.timer.warmup < 0) throw Error("--warmup must be >= 0");
+  opt.measure_sol = !a.has("no-sol");
+  opt.max_copies = int(a.integer("max-copies", 8));
+  if (opt.max_copies < 1) throw Error("--max-copies must be >= 1");
+  opt.max_cpu_gflop = a.number("max-cpu-gflop", 40);
+  const auto records = loom::bench::run_bench(opt, std::cerr);
+  if (a.has("json")) loom::bench::write_file(a.str("json", ""), loom::bench::to_json(records));
+  if (a.has("csv")) loom::bench::write_file(a.str("csv", ""), loom::bench::to_csv(records));
+  std::cout << loom::bench::to_table(records) << std::flush;
+  return 0;
+}
+
+int cmd_peaks(int argc, char** argv) {
+  const Args a(rest(argc, argv), {"reps", "json"}, {});
+  loom::bench::PeaksOptions opt;
+  opt.timer.reps = int(a.integer("reps", 500));
+  if (opt.timer.reps < 1) throw Error("--reps must be >= 1");
+  const auto [table, json] = loom::bench::run_peaks(opt, std::cerr);
+  if (a.has("json")) loom::bench::write_file(a.str("json", ""), json);
+  std::cout << table << std::flush;
+  return 0;
+}
+
+int cmd_info(int argc, char** argv) {
+  const Args a(rest(argc, argv), kWorkloadFlags, {"no-renorm", "sweep"});
+  const Workload w = parse_workload(a);
+  std::string why;
+  const auto dev = loom::query_device(&why);
+  std::cout << "loom " << loom::build_commit() << "\n";
+  if (dev) {
+    std::cout << "device: " << dev->name << " (sm_" << dev->major << dev->minor << "), " << dev->sm_count
+              << " SMs, L2 " << (dev->l2_bytes >> 20) << " MiB, " << (dev->global_bytes >> 30) << " GiB, "
+              << dev->smem_per_block_optin / 1024 << " KiB smem/block, " << dev->clock_mhz << " MHz\n";
+  } else {
+    std::cout << "device: none (" << why << ")\n";
+  }
+  std::cout << "workload: " << w.preset << ", " << loom::describe(w.shape) << ", " << loom::describe(w.routing)
+            << ", dist " << loom::to_string(w.dist) << "\n";
+  std::cout << "plan: CPU reference only; the GPU layer kernels are not built yet\n";
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const std::string cmd = argc > 1 ? argv[1] : "help";
+  try {
+    if (cmd == "bench") return cmd_bench(argc, argv);
+    if (cmd == "peaks") return cmd_peaks(argc, argv);
+    if (cmd == "info") return cmd_info(argc, argv);
+    if (cmd == "help" || cmd == "--help" || cmd == "-h") {
+      std::cout << kUsage;
+      return 0;
+    }
+    std::fprintf(stderr, "loom: error: unknown command '%s' (try `loom help`)\n", cmd.c_str());
+    return 2;
+  } catch (const Error& e) {
+    std::fprintf(stderr, "loom: error: %s\n", e.what());
+    return 2;
+  } catch (const std::bad_alloc&) {
+    std::fprintf(stderr, "loom: error: out of host memory for this workload\n");
+    return 3;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "loom: error: %s\n", e.what());
+    return 3;
+  }
+}
