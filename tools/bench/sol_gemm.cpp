@@ -38,10 +38,11 @@ struct DenseGemm::Impl {
   std::vector<GemmShape> shapes;
   cublasLtHandle_t handle = nullptr;
   void* workspace = nullptr;
-  float* scales = nullptr;  // device {1, 1}: per-tensor scales of A and B
+  float* scales = nullptr;  // device: per-tensor scales of A (at 0) and B (at +4 floats), both 1
   struct PerShape {
     int64_t m = 0;  // padded
     std::vector<void*> a, b, d;  // per copy
+    void* c = nullptr;  // never read (beta = 0), but cuBLASLt's FP8 kernels run out of place only
     cublasLtMatmulDesc_t desc[2] = {nullptr, nullptr};  // [fast_accum]
     cublasLtMatrixLayout_t la = nullptr, lb = nullptr, ld = nullptr;
     cublasLtMatmulAlgo_t algo{};
@@ -57,7 +58,7 @@ struct DenseGemm::Impl {
     const float alpha = 1.0f, beta = 0.0f;
     // Column-major view: D^T[n, m] = B[n, k] . A[m, k]^T, i.e. A is "op T" with ld = k.
     LOOM_CUBLAS_CHECK(cublasLtMatmul(handle, p.desc[desc], &alpha, p.a[size_t(copy)], p.la, p.b[size_t(copy)], p.lb,
-                                     &beta, p.d[size_t(copy)], p.ld, p.d[size_t(copy)], p.ld, algo, workspace,
+                                     &beta, p.c, p.ld, p.d[size_t(copy)], p.ld, algo, workspace,
                                      kWorkspaceBytes, st));
   }
 };
@@ -69,8 +70,9 @@ DenseGemm::DenseGemm(DType dtype, std::vector<GemmShape> shapes, int copies, uin
   I.shapes = std::move(shapes);
   LOOM_CUBLAS_CHECK(cublasLtCreate(&I.handle));
   LOOM_CUDA_CHECK(cudaMalloc(&I.workspace, kWorkspaceBytes));
-  LOOM_CUDA_CHECK(cudaMalloc(&I.scales, 2 * sizeof(float)));
-  const float ones[2] = {1.0f, 1.0f};
+  // Each scale on its own 16-byte boundary: cuBLASLt's FP8 kernels reject a 4-byte-aligned one.
+  LOOM_CUDA_CHECK(cudaMalloc(&I.scales, 8 * sizeof(float)));
+  const float ones[8] = {1, 1, 1, 1, 1, 1, 1, 1};
   LOOM_CUDA_CHECK(cudaMemcpy(I.scales, ones, sizeof ones, cudaMemcpyHostToDevice));
   const cudaDataType_t ab_type = dtype == DType::fp8 ? CUDA_R_8F_E4M3 : CUDA_R_16BF;
   uint64_t fill = seed;
@@ -93,6 +95,7 @@ DenseGemm::DenseGemm(DType dtype, std::vector<GemmShape> shapes, int copies, uin
       p.b.push_back(b);
       p.d.push_back(d);
     }
+    LOOM_CUDA_CHECK(cudaMalloc(&p.c, size_t(p.m * g.n) * 2));
     for (int fast = 0; fast < 2; ++fast) {
       LOOM_CUBLAS_CHECK(cublasLtMatmulDescCreate(&p.desc[fast], CUBLAS_COMPUTE_32F, CUDA_R_32F));
       const cublasOperation_t ta = CUBLAS_OP_T, tb = CUBLAS_OP_N;
@@ -101,7 +104,7 @@ DenseGemm::DenseGemm(DType dtype, std::vector<GemmShape> shapes, int copies, uin
       LOOM_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.desc[fast], CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb));
       if (dtype == DType::fp8) {
         const float* sa = I.scales;
-        const float* sb = I.scales + 1;
+        const float* sb = I.scales + 4;
         LOOM_CUBLAS_CHECK(
             cublasLtMatmulDescSetAttribute(p.desc[fast], CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &sa, sizeof sa));
         LOOM_CUBLAS_CHECK(
@@ -129,6 +132,7 @@ DenseGemm::~DenseGemm() {
   for (auto& p : impl_->per) {
     for (auto v : {&p.a, &p.b, &p.d})
       for (void* ptr : *v) cudaFree(ptr);
+    cudaFree(p.c);
     for (auto d : p.desc)
       if (d) cublasLtMatmulDescDestroy(d);
     if (p.la) cublasLtMatrixLayoutDestroy(p.la);
@@ -149,13 +153,20 @@ void DenseGemm::autotune(GpuTimer& timer, int reps) {
       cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws));
   for (auto& p : I.per) {
     double best = std::numeric_limits<double>::infinity();
+    int offered = 0;
+    std::string last_failure = "none";
     const int descs = I.dtype == DType::fp8 ? 2 : 1;
     for (int di = 0; di < descs; ++di) {
       cublasLtMatmulHeuristicResult_t results[8];
       int found = 0;
       // Swapped operands: cuBLASLt's A (p.a) uses layout la.
-      LOOM_CUBLAS_CHECK(cublasLtMatmulAlgoGetHeuristic(I.handle, p.desc[di], p.la, p.lb, p.ld, p.ld, pref, 8,
-                                                       results, &found));
+      const cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(I.handle, p.desc[di], p.la, p.lb, p.ld, p.ld, pref,
+                                                               8, results, &found);
+      if (st != CUBLAS_STATUS_SUCCESS) {
+        last_failure = std::string("heuristic: ") + cublasLtGetStatusString(st);
+        continue;
+      }
+      offered += found;
       for (int r = 0; r < found; ++r) {
         if (results[r].state != CUBLAS_STATUS_SUCCESS) continue;
         const cublasLtMatmulAlgo_t algo = results[r].algo;
@@ -163,7 +174,8 @@ void DenseGemm::autotune(GpuTimer& timer, int reps) {
         try {
           s = timer.time([&](cudaStream_t st, int c) { I.matmul(p, c, di, &algo, st); }, copies_, L2Mode::warm,
                          TimerOptions{reps, 3});
-        } catch (const Error&) {
+        } catch (const Error& e) {
+          last_failure = e.what();
           continue;  // a candidate the library offered but cannot run here
         }
         if (s.median_us < best) {
@@ -176,7 +188,9 @@ void DenseGemm::autotune(GpuTimer& timer, int reps) {
         }
       }
     }
-    if (!p.tuned) throw Error("cuBLASLt offers no algorithm for this GEMM shape");
+    if (!p.tuned)
+      throw Error("cuBLASLt has no working algorithm for this GEMM shape (" + std::to_string(offered) +
+                  " offered; last failure: " + last_failure + ")");
   }
   cublasLtMatmulPreferenceDestroy(pref);
 }
