@@ -11,6 +11,7 @@
 #include "common/build_info.hpp"
 #include "common/device_info.hpp"
 #include "pipeline/layer_ref.hpp"
+#include "pipeline/moe_pipeline.hpp"
 
 namespace loom::bench {
 
@@ -34,10 +35,15 @@ class DeviceWeights {
   }
   const DeviceBuffer& w1(int c) const { return w1_[size_t(c)]; }
   const DeviceBuffer& w2(int c) const { return w2_[size_t(c)]; }
+  const DeviceBuffer& w1_scales() {
+    if (!w1_scales_.get()) w1_scales_ = DeviceBuffer::from(w_.w1_scales);
+    return w1_scales_;
+  }
 
  private:
   const LayerWeights& w_;
   std::vector<DeviceBuffer> w1_, w2_;
+  DeviceBuffer w1_scales_;
 };
 
 // Streaming read over the routed experts' weight matrices (codes or bf16 values; the fp32 block
@@ -90,6 +96,73 @@ SolFigures measure_sol(const BenchOptions& opt, const Shape& s, const std::vecto
   return sol;
 }
 
+// The layer on the GPU: one checked run against the CPU reference, then end-to-end and GEMM-only
+// timings, cold and warm.
+void measure_gpu(const BenchOptions& opt, const Plan& plan, const Shape& s, const Routes& routes,
+                 const std::vector<bf16>& hidden, const LayerResult* reference, const DeviceInfo& dev, GpuTimer& timer,
+                 DeviceWeights& weights, Record& r, std::ostream& log) {
+  const bool from_logits = !routes.logits.empty();
+  DeviceBuffer d_hidden = DeviceBuffer::from(hidden);
+  DeviceBuffer d_logits, d_bias, d_ids, d_weights;
+  if (from_logits) {
+    d_logits = DeviceBuffer::from(routes.logits);
+    if (!routes.expert_bias.empty()) d_bias = DeviceBuffer::from(routes.expert_bias);
+  } else {
+    d_ids = DeviceBuffer::from(routes.topk.ids);
+    d_weights = DeviceBuffer::from(routes.topk.weights);
+  }
+  DeviceBuffer d_out(size_t(s.tokens * s.out_cols()) * 4);
+  DeviceBuffer d_ws(workspace_bytes(plan));
+  Inputs in;
+  in.tokens = s.tokens;
+  in.hidden = d_hidden.get();
+  in.router_logits = d_logits.as<float>();
+  in.expert_bias = d_bias.as<float>();
+  in.topk_ids = d_ids.as<int32_t>();
+  in.topk_weights = d_weights.as<float>();
+
+  const int64_t touched = r.work.bytes();
+  const ColdPlan cold = plan_cold_l2(touched, dev.l2_bytes, opt.max_copies);
+  weights.ensure_copies(cold.copies);
+  auto weights_of = [&](int c) {
+    Weights w;
+    w.w1 = weights.w1(c).get();
+    w.w1_scales = weights.w1_scales().as<float>();
+    return w;
+  };
+
+  // Correctness first: the timed configuration, poisoned output, compared with the reference.
+  LOOM_CUDA_CHECK(cudaMemset(d_out.get(), 0xff, d_out.bytes()));  // NaN poison
+  run(plan, weights_of(0), in, d_out.get(), d_ws.get(), timer.stream());
+  LOOM_CUDA_CHECK(cudaStreamSynchronize(timer.stream()));
+  const LayerStatus st = read_status(plan, d_ws.get(), timer.stream());
+  if (reference) {
+    const std::vector<float> got = d_out.to_host<float>();
+    const ErrorStats e = relative_error(got.data(), reference->out.data(), s.tokens, s.out_cols());
+    r.check_overall = e.overall;
+    r.check_worst_row = e.worst_row;
+    const bool ok = e.overall <= 2e-3 && e.worst_row <= 1e-2;
+    log << "  check vs CPU reference: rel err " << e.overall << ", worst row " << e.worst_row
+        << (ok ? " (ok)" : " (FAILED)") << "\n";
+    if (!ok) r.note += (r.note.empty() ? "" : "; ") + std::string("CHECK FAILED against the CPU reference");
+  }
+  if (st.dropped_routes || st.nan_tokens)
+    r.note += (r.note.empty() ? "" : "; ") + std::to_string(st.dropped_routes) + " dropped routes, " +
+              std::to_string(st.nan_tokens) + " NaN tokens";
+
+  TimerOptions topt = opt.timer;
+  auto e2e = [&](cudaStream_t st2, int c) { run(plan, weights_of(c), in, d_out.get(), d_ws.get(), st2); };
+  auto gemm = [&](cudaStream_t st2, int c) {
+    run_stages(plan, weights_of(c), in, d_out.get(), d_ws.get(), st2, Stages::gemm_only);
+  };
+  Timed t_e2e{"e2e", timer.time(e2e, cold.copies, cold.mode, topt), timer.time(e2e, 1, L2Mode::warm, topt)};
+  Timed t_gemm{"gemm", timer.time(gemm, cold.copies, cold.mode, topt), timer.time(gemm, 1, L2Mode::warm, topt)};
+  r.gpu.push_back(t_e2e);
+  r.gpu.push_back(t_gemm);
+  log << "  loom e2e " << t_e2e.cold.median_us << " us (" << t_e2e.cold.l2 << "), GEMM alone " << t_gemm.cold.median_us
+      << " us\n";
+}
+
 }  // namespace
 
 std::vector<Record> run_bench(const BenchOptions& opt, std::ostream& log) {
@@ -128,21 +201,44 @@ std::vector<Record> run_bench(const BenchOptions& opt, std::ostream& log) {
     r.work = layer_work(s, counts, opt.dist.kind == DistKind::random);
     log << "T=" << t << ": " << r.work.experts_hit << " experts hit\n";
 
-    // The GPU kernels of the layer come with the seed-pipeline issue; until then the CPU
-    // reference runs and its wall time is reported as CPU time only.
-    r.path = "cpu-reference";
-    r.config = "CPU reference (double accumulation); GPU layer kernels not built yet";
-    if (t == 0) {
-      r.note = "T=0: empty output, nothing launched";
-      r.cpu_reference_ms = 0;
-    } else if (r.work.flops / 1e9 > opt.max_cpu_gflop) {
-      r.note = "CPU reference skipped: " + std::to_string(int64_t(r.work.flops / 1e9)) + " GFLOP exceeds --max-cpu-gflop";
+    // The GPU path when the device and the shape allow it; otherwise the CPU reference, whose
+    // wall time is reported as CPU time only.
+    std::optional<Plan> gpu_plan;
+    std::string why_cpu;
+    if (!dev) {
+      why_cpu = why_no_device;
     } else {
+      try {
+        gpu_plan = plan(s, opt.routing, opt.layer);
+      } catch (const Error& e) {
+        why_cpu = e.what();
+      }
+    }
+    const bool want_reference = t > 0 && r.work.flops / 1e9 <= opt.max_cpu_gflop && (!gpu_plan || opt.check);
+    std::optional<LayerResult> reference;
+    double reference_ms = -1;
+    if (want_reference) {
       const auto t0 = std::chrono::steady_clock::now();
-      const LayerResult out = layer_ref(weights, hidden.data(), routes.topk);
+      reference = layer_ref(weights, hidden.data(), routes.topk);
       const auto t1 = std::chrono::steady_clock::now();
-      r.cpu_reference_ms = std::chrono::duration<double, std::milli>(t1 - t0).count();
-      if (out.out.size() != size_t(s.tokens * s.out_cols())) throw Error("CPU reference returned a wrong-sized output");
+      reference_ms = std::chrono::duration<double, std::milli>(t1 - t0).count();
+      if (reference->out.size() != size_t(s.tokens * s.out_cols()))
+        throw Error("CPU reference returned a wrong-sized output");
+    }
+    if (t == 0) r.note = "T=0: empty output, nothing launched";
+    if (gpu_plan) {
+      r.path = "gpu";
+      r.config = describe(*gpu_plan);
+      if (t > 0)
+        measure_gpu(opt, *gpu_plan, s, routes, hidden, reference ? &*reference : nullptr, *dev, *timer,
+                    device_weights, r, log);
+    } else {
+      r.path = "cpu-reference";
+      r.config = "CPU reference (double accumulation); GPU path unavailable: " + why_cpu;
+      r.cpu_reference_ms = t == 0 ? 0 : reference_ms;
+      if (t > 0 && !reference)
+        r.note = "CPU reference skipped: " + std::to_string(int64_t(r.work.flops / 1e9)) +
+                 " GFLOP exceeds --max-cpu-gflop";
     }
 
     if (!dev) {

@@ -10,7 +10,7 @@
 
 #include "bench/report.hpp"
 #include "bench/timer.hpp"
-#include "loom/types.hpp"
+#include "loom/loom.hpp"
 #include "workload/workload.hpp"
 
 namespace loom::bench {
@@ -26,6 +26,8 @@ struct BenchOptions {
   bool measure_sol = true;
   int max_copies = 8;        // input copies for L2 rotation
   double max_cpu_gflop = 40; // larger CPU-reference runs are skipped (with a note)
+  Options layer;             // loom options of the GPU path (deterministic, pdl, prefetch)
+  bool check = true;         // compare the GPU output with the CPU reference when it is affordable
 };
 
 std::vector<Record> run_bench(const BenchOptions& opt, std::ostream& log);

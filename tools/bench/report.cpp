@@ -75,6 +75,11 @@ std::string to_json(const std::vector<Record>& records) {
     }
     w.end_object();
     if (r.cpu_reference_ms >= 0) w.field("cpu_reference_ms", r.cpu_reference_ms);
+    if (r.check_overall >= 0) {
+      w.key("check").begin_object();
+      w.field("rel_err", r.check_overall).field("worst_row_rel_err", r.check_worst_row);
+      w.end_object();
+    }
     w.key("sol").begin_object();
     w.field("measured", r.sol.measured);
     if (r.sol.measured) {
@@ -114,7 +119,7 @@ std::string to_csv(const std::vector<Record>& records) {
   std::ostringstream o;
   o << "preset,tokens,hidden,inter,experts,topk,mode,dtype,distribution,seed,path,commit,device,experts_hit,flops,"
        "bytes,e2e_median_us,e2e_p10_us,e2e_p90_us,e2e_warm_median_us,gemm_median_us,cpu_reference_ms,"
-       "sol_read_us,sol_gemm_us,floor_us,time_over_floor,tflops,tb_per_s,mfu\n";
+       "sol_read_us,sol_gemm_us,floor_us,time_over_floor,tflops,tb_per_s,mfu,rel_err,worst_row_rel_err\n";
   for (const Record& r : records) {
     const Stats* h = r.headline();
     const Timed* e2e = r.find("e2e");
@@ -133,7 +138,8 @@ std::string to_csv(const std::vector<Record>& records) {
       << num(r.sol.measured, r.sol.floor_us()) << ',' << num(floor_ok, floor_ok ? h->median_us / r.sol.floor_us() : 0)
       << ',' << num(h, h ? r.work.flops / (h->median_us * 1e6) : 0) << ','
       << num(h, h ? double(r.work.bytes()) / (h->median_us * 1e6) : 0) << ','
-      << num(h, h ? r.work.flops / (h->median_us * 1e6) / peak_tflops(r.shape.dtype) : 0) << '\n';
+      << num(h, h ? r.work.flops / (h->median_us * 1e6) / peak_tflops(r.shape.dtype) : 0) << ','
+      << num(r.check_overall >= 0, r.check_overall) << ',' << num(r.check_worst_row >= 0, r.check_worst_row) << '\n';
   }
   return o.str();
 }
@@ -151,8 +157,8 @@ std::string to_table(const std::vector<Record>& records) {
     o << "device: none (" << f.sol.why_not << ")\n";
   o << "times in us, median of graph replays with cold L2 [p10, p90]; floor = max(SoL read, SoL GEMM) of the same run\n";
   char line[512];
-  std::snprintf(line, sizeof line, "%6s %5s %-26s %9s %9s %9s %9s %9s %8s %8s %7s %6s %6s\n", "T", "hit", "loom",
-                "warm", "gemm", "glue", "SoL-read", "SoL-gemm", "floor", "t/floor", "TFLOP/s", "TB/s", "MFU");
+  std::snprintf(line, sizeof line, "%6s %5s %-26s %9s %9s %9s %9s %9s %8s %8s %7s %6s %6s %8s\n", "T", "hit", "loom",
+                "warm", "gemm", "glue", "SoL-read", "SoL-gemm", "floor", "t/floor", "TFLOP/s", "TB/s", "MFU", "rel-err");
   o << line;
   for (const Record& r : records) {
     const Stats* h = r.headline();
@@ -169,7 +175,7 @@ std::string to_table(const std::vector<Record>& records) {
     auto cell = [&](bool ok, const char* f2, double v) { return ok ? fmt(f2, v) : std::string("-"); };
     const bool has_gemm = gemm && gemm->cold.valid();
     std::snprintf(
-        line, sizeof line, "%6lld %5lld %-26s %9s %9s %9s %9s %9s %8s %8s %7s %6s %6s\n",
+        line, sizeof line, "%6lld %5lld %-26s %9s %9s %9s %9s %9s %8s %8s %7s %6s %6s %8s\n",
         (long long)r.shape.tokens, (long long)r.work.experts_hit, loom_col.c_str(),
         cell(e2e && e2e->warm.valid(), "%.1f", e2e ? e2e->warm.median_us : 0).c_str(),
         cell(has_gemm, "%.1f", has_gemm ? gemm->cold.median_us : 0).c_str(),
@@ -179,7 +185,8 @@ std::string to_table(const std::vector<Record>& records) {
         cell(h && r.sol.measured, "%.3f", h && r.sol.measured ? h->median_us / r.sol.floor_us() : 0).c_str(),
         cell(h != nullptr, "%.1f", h ? r.work.flops / (h->median_us * 1e6) : 0).c_str(),
         cell(h != nullptr, "%.2f", h ? double(r.work.bytes()) / (h->median_us * 1e6) : 0).c_str(),
-        cell(h != nullptr, "%.3f", h ? r.work.flops / (h->median_us * 1e6) / peak_tflops(r.shape.dtype) : 0).c_str());
+        cell(h != nullptr, "%.3f", h ? r.work.flops / (h->median_us * 1e6) / peak_tflops(r.shape.dtype) : 0).c_str(),
+        cell(r.check_overall >= 0, "%.1e", r.check_overall).c_str());
     o << line;
   }
   for (const Record& r : records)

@@ -47,6 +47,8 @@ struct Record {
   std::vector<Timed> gpu;         // GPU timings; empty on the CPU path
   double cpu_reference_ms = -1;   // wall time of the CPU reference (CPU path only; never a GPU figure)
   SolFigures sol;
+  double check_overall = -1;    // relative Frobenius error of the GPU output vs the CPU reference
+  double check_worst_row = -1;  // worst per-token-row relative error
   std::string note;
 
   const Timed* find(const std::string& name) const;

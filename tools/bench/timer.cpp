@@ -57,8 +57,8 @@ Stats GpuTimer::time(const std::function<void(cudaStream_t, int)>& enqueue, int 
                      const TimerOptions& opt) {
   if (copies < 1) throw Error("timer: copies must be >= 1");
   if (opt.reps < 1) throw Error("timer: reps must be >= 1");
-  std::vector<cudaGraphExec_t> graphs(size_t(copies), nullptr);
-  for (int c = 0; c < copies; ++c) {
+  std::vector<cudaGraphExec_t> graphs(opt.graph ? size_t(copies) : 0, nullptr);
+  for (int c = 0; c < int(graphs.size()); ++c) {
     cudaGraph_t g = nullptr;
     LOOM_CUDA_CHECK(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal));
     try {
@@ -72,7 +72,12 @@ Stats GpuTimer::time(const std::function<void(cudaStream_t, int)>& enqueue, int 
     LOOM_CUDA_CHECK(cudaGraphInstantiate(&graphs[size_t(c)], g, 0));
     LOOM_CUDA_CHECK(cudaGraphDestroy(g));
   }
-  auto replay = [&](int rep) { LOOM_CUDA_CHECK(cudaGraphLaunch(graphs[size_t(rep % copies)], stream_)); };
+  auto replay = [&](int rep) {
+    if (opt.graph)
+      LOOM_CUDA_CHECK(cudaGraphLaunch(graphs[size_t(rep % copies)], stream_));
+    else
+      enqueue(stream_, rep % copies);
+  };
 
   for (int w = 0; w < opt.warmup; ++w) {
     if (mode == L2Mode::flush) flush_l2(stream_);
@@ -109,6 +114,7 @@ Stats GpuTimer::time(const std::function<void(cudaStream_t, int)>& enqueue, int 
   for (auto g : graphs) cudaGraphExecDestroy(g);
   Stats s = summarize(std::move(us));
   s.l2 = mode == L2Mode::warm ? "warm" : mode == L2Mode::flush ? "flush" : "rotate:" + std::to_string(copies);
+  if (!opt.graph) s.l2 += ",eager";
   return s;
 }
 

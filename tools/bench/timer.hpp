@@ -31,6 +31,9 @@ ColdPlan plan_cold_l2(int64_t touched_bytes, int64_t l2_bytes, int max_copies);
 struct TimerOptions {
   int reps = 500;
   int warmup = 20;
+  // false: time eager launches (enqueue called per replay) instead of graph replays; the host
+  // still enqueues ahead of the device, so the figure is device time including launch gaps.
+  bool graph = true;
 };
 
 class GpuTimer {

@@ -1,4 +1,5 @@
 // loom: benchmark, peaks and plan inspection for the loom MoE kernels.
+#include <algorithm>
 #include <cstdio>
 #include <iostream>
 #include <string>
@@ -9,7 +10,7 @@
 #include "bench/peaks.hpp"
 #include "common/build_info.hpp"
 #include "common/device_info.hpp"
-#include "loom/types.hpp"
+#include "loom/loom.hpp"
 #include "workload/workload.hpp"
 
 namespace {
@@ -38,6 +39,10 @@ bench options:
   --reps N (default 500)  --warmup N (default 20)  --json FILE  --csv FILE  --no-sol
   --max-copies N         input copies for cold-L2 rotation (default 8)
   --max-cpu-gflop G      skip the CPU reference above this size (default 40)
+  --deterministic        bitwise-reproducible combine (no float atomics)
+  --no-pdl --no-prefetch --eager   switch off programmatic dependent launch / the GEMM's L2 weight
+                         prefetch / graph replay (time eager launches)
+  --no-check             skip the comparison of the GPU output with the CPU reference
 )";
 
 const std::set<std::string> kWorkloadFlags = {"preset", "tokens",  "hidden",     "inter",      "experts",
@@ -104,7 +109,8 @@ std::vector<std::string> rest(int argc, char** argv) { return std::vector<std::s
 int cmd_bench(int argc, char** argv) {
   std::set<std::string> valued = kWorkloadFlags;
   valued.insert({"reps", "warmup", "json", "csv", "max-copies", "max-cpu-gflop"});
-  const Args a(rest(argc, argv), valued, {"no-renorm", "sweep", "no-sol"});
+  const Args a(rest(argc, argv), valued,
+               {"no-renorm", "sweep", "no-sol", "deterministic", "no-pdl", "eager", "no-prefetch", "no-check"});
   const Workload w = parse_workload(a);
   loom::bench::BenchOptions opt;
   opt.preset = w.preset;
@@ -121,6 +127,11 @@ int cmd_bench(int argc, char** argv) {
   opt.max_copies = int(a.integer("max-copies", 8));
   if (opt.max_copies < 1) throw Error("--max-copies must be >= 1");
   opt.max_cpu_gflop = a.number("max-cpu-gflop", 40);
+  opt.layer.deterministic = a.has("deterministic");
+  opt.layer.pdl = !a.has("no-pdl");
+  opt.layer.prefetch_weights = !a.has("no-prefetch");
+  opt.timer.graph = !a.has("eager");
+  opt.check = !a.has("no-check");
   const auto records = loom::bench::run_bench(opt, std::cerr);
   if (a.has("json")) loom::bench::write_file(a.str("json", ""), loom::bench::to_json(records));
   if (a.has("csv")) loom::bench::write_file(a.str("csv", ""), loom::bench::to_csv(records));
@@ -140,7 +151,7 @@ int cmd_peaks(int argc, char** argv) {
 }
 
 int cmd_info(int argc, char** argv) {
-  const Args a(rest(argc, argv), kWorkloadFlags, {"no-renorm", "sweep"});
+  const Args a(rest(argc, argv), kWorkloadFlags, {"no-renorm", "sweep", "deterministic", "no-pdl"});
   const Workload w = parse_workload(a);
   std::string why;
   const auto dev = loom::query_device(&why);
@@ -154,7 +165,17 @@ int cmd_info(int argc, char** argv) {
   }
   std::cout << "workload: " << w.preset << ", " << loom::describe(w.shape) << ", " << loom::describe(w.routing)
             << ", dist " << loom::to_string(w.dist) << "\n";
-  std::cout << "plan: CPU reference only; the GPU layer kernels are not built yet\n";
+  loom::Options opt;
+  opt.deterministic = a.has("deterministic");
+  opt.pdl = !a.has("no-pdl");
+  loom::Shape s = w.shape;
+  s.tokens = *std::max_element(w.tokens.begin(), w.tokens.end());
+  try {
+    const loom::Plan p = loom::plan(s, w.routing, opt);
+    std::cout << "plan (GPU):\n" << loom::describe(p);
+  } catch (const Error& e) {
+    std::cout << "plan: CPU reference only (" << e.what() << ")\n";
+  }
   return 0;
 }
 

@@ -1,0 +1,78 @@
+// loom: fused MoE layer on Hopper. Plan once (validate the shape, size the workspace, choose kernel
+// configs), run many (device pointers and a stream; no host synchronisation, no allocation).
+//
+//   loom::Plan p = loom::plan(shape, routing, options);       // throws loom::Error with a one-line reason
+//   void* ws;  cudaMalloc(&ws, loom::workspace_bytes(p));
+//   loom::run(p, weights, inputs, output, ws, stream);         // capturable in a CUDA graph (one per T)
+//   loom::LayerStatus st = loom::read_status(p, ws);          // when you like: dropped ids, NaN rows
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <string>
+
+#include "loom/status.hpp"
+#include "loom/types.hpp"
+
+namespace loom {
+
+struct Options {
+  // Bitwise-identical output run to run and between eager and graph launches: no float atomics;
+  // expert rows are stored and a combine kernel sums each token's k rows in slot order.
+  bool deterministic = false;
+  // Chain the kernels with programmatic dependent launch (each starts while its predecessor ends).
+  bool pdl = true;
+  // Check synchronously after each run and throw loom::Error on bad device data (ids out of range,
+  // NaN router logits) or a CUDA error. Not capturable; for debugging.
+  bool debug_checks = false;
+  // L2 prefetch of each CTA's first weight tile before the GEMM waits on its predecessor.
+  bool prefetch_weights = true;
+};
+
+// The GPU path's limits (plan() rejects anything beyond them with a message saying which):
+// mode single, dtype fp8, E <= 512, k <= 16, H (= K) and I (= N) multiples of 16 up to 65536
+// (a width that is not a multiple of 128 ends in a shorter 128-block with its own scale).
+inline constexpr int64_t kGpuMaxExperts = 512;
+inline constexpr int64_t kGpuMaxTopk = 16;
+
+struct Plan {
+  Shape shape;  // shape.tokens = the most tokens a run may carry
+  Routing routing;
+  Options options;
+  int sm_count = 0;
+  int64_t l2_bytes = 0;
+  std::string device_name;
+  std::string gemm_config;  // printable kernel choice
+  // Workspace carve-up (byte offsets), sized for shape.tokens.
+  struct Layout {
+    size_t topk_ids, topk_weights, nan_flags, offsets, route_row, row_token, row_weight, a_sorted, a_scales, y,
+        status, total;
+  } layout{};
+};
+
+Plan plan(const Shape& max_shape, const Routing& routing, const Options& options = {});
+size_t workspace_bytes(const Plan& p);
+std::string describe(const Plan& p);  // every choice, one per line
+
+struct Weights {
+  const void* w1 = nullptr;         // single: [E, N, K] e4m3 codes, K-major
+  const float* w1_scales = nullptr; // [E, ceil(N/128), ceil(K/128)] fp32 block scales
+};
+
+struct Inputs {
+  int64_t tokens = 0;                  // T of this run, <= plan's tokens; 0 launches nothing
+  const void* hidden = nullptr;        // [T, H] bf16
+  const float* router_logits = nullptr;  // [T, E] fp32 ... or
+  const float* expert_bias = nullptr;    // [E] sigmoid scoring only (optional)
+  const int32_t* topk_ids = nullptr;     // ... precomputed routes [T, k] with
+  const float* topk_weights = nullptr;   // [T, k]
+};
+
+// output: single mode fp32 [T, N]. Every pointer is device memory; all work is enqueued on `stream`.
+void run(const Plan& p, const Weights& w, const Inputs& in, void* output, void* workspace, cudaStream_t stream);
+
+// Synchronous convenience: copies the status word of the last run on `stream` from the workspace.
+LayerStatus read_status(const Plan& p, const void* workspace, cudaStream_t stream);
+
+}  // namespace loom

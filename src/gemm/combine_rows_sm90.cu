@@ -1,0 +1,88 @@
+#include "gemm/combine_rows_sm90.cuh"
+
+#include <cstdint>
+#include <string>
+
+#include "common/cuda_check.hpp"
+#include "common/launch.hpp"
+#include "loom/types.hpp"
+#include "ptx/pdl.cuh"
+
+// Mapping: one thread per (token, 4 consecutive columns). It loads the token's route rows (one
+// batch of up to kBatch slots), then issues one 16-byte load of y per kept slot, all in flight
+// together, and only then adds them in slot order. Consecutive threads cover consecutive columns of
+// the same token, so a warp reads 512 contiguous bytes of each y row and the route_row loads are
+// warp-wide broadcasts. topk > kBatch runs further batches in order (the sum stays sequential).
+
+namespace loom {
+namespace {
+
+constexpr int kThreads = 256;
+
+template <int kBatch>
+__global__ void __launch_bounds__(kThreads) combine_rows_kernel(const CombineRowsParams p) {
+  ptx::pdl_launch_dependents();
+  // Before any global access: y and route_row come from earlier kernels, and `out` may still be
+  // read by a kernel of the previous run.
+  ptx::pdl_wait();
+
+  const int k = p.topk;
+  const uint32_t quads = uint32_t(p.cols) / 4u;  // float4 per row
+  const uint64_t total = uint64_t(p.tokens) * quads;
+  const uint64_t stride = uint64_t(gridDim.x) * kThreads;
+  for (uint64_t i = uint64_t(blockIdx.x) * kThreads + threadIdx.x; i < total; i += stride) {
+    const uint64_t t = i / quads;
+    const uint32_t c = uint32_t(i - t * quads);
+    const int32_t* slots = p.route_row + int64_t(t) * k;
+    float4 acc = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    for (int j0 = 0; j0 < k; j0 += kBatch) {
+      int32_t row[kBatch];
+#pragma unroll
+      for (int j = 0; j < kBatch; ++j) row[j] = j0 + j < k ? __ldcg(slots + j0 + j) : -1;
+      float4 v[kBatch];
+#pragma unroll
+      for (int j = 0; j < kBatch; ++j) {
+        v[j] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        if (row[j] >= 0) v[j] = __ldcg(reinterpret_cast<const float4*>(p.y + int64_t(row[j]) * p.cols) + c);
+      }
+      // Slot order, one fp32 add at a time (no fast-math: nothing reassociates or contracts).
+#pragma unroll
+      for (int j = 0; j < kBatch; ++j) {
+        if (row[j] >= 0) {
+          acc.x = acc.x + v[j].x;
+          acc.y = acc.y + v[j].y;
+          acc.z = acc.z + v[j].z;
+          acc.w = acc.w + v[j].w;
+        }
+      }
+    }
+    reinterpret_cast<float4*>(p.out + int64_t(t) * p.cols)[c] = acc;
+  }
+}
+
+bool aligned16(const void* ptr) { return (reinterpret_cast<uintptr_t>(ptr) & 15u) == 0; }
+
+}  // namespace
+
+void launch_combine_rows(const CombineRowsParams& p, cudaStream_t stream, bool pdl) {
+  const std::string who = "launch_combine_rows: ";
+  if (p.tokens < 0) throw Error(who + "tokens must be >= 0, got " + std::to_string(p.tokens));
+  if (p.tokens == 0) return;
+  if (p.topk <= 0) throw Error(who + "topk must be positive, got " + std::to_string(p.topk));
+  if (p.cols <= 0 || p.cols % 4 != 0)
+    throw Error(who + "cols must be a positive multiple of 4, got " + std::to_string(p.cols));
+  if (!p.y || !p.route_row || !p.out) throw Error(who + "null buffer");
+  if (!aligned16(p.y) || !aligned16(p.out)) throw Error(who + "y and out must be 16-byte aligned");
+  if (int64_t(p.tokens) * p.topk > INT32_MAX) throw Error(who + "problem too large");
+
+  const int64_t total = int64_t(p.tokens) * (p.cols / 4);
+  int64_t blocks = (total + kThreads - 1) / kThreads;
+  if (blocks > (int64_t(1) << 20)) blocks = int64_t(1) << 20;  // grid-stride beyond
+  // Batch size: every slot's load in flight at once for topk <= 16; register use grows with it.
+  void (*kernel)(CombineRowsParams) = p.topk <= 4   ? combine_rows_kernel<4>
+                                      : p.topk <= 8 ? combine_rows_kernel<8>
+                                                    : combine_rows_kernel<16>;
+  launch_kernel(kernel, dim3(unsigned(blocks)), dim3(kThreads), 0, stream, pdl, p);
+}
+
+}  // namespace loom

@@ -1,0 +1,30 @@
+// Deterministic combine: out[t, n] = sum over slots j = 0..k-1, in slot order, of
+// y[route_row[t*k + j], n] (dropped routes, -1, add nothing), in fp32 without atomics, so the result
+// is bitwise identical run to run. y rows already carry their top-k weight (the GEMM's
+// deterministic epilogue, device_layout.hpp).
+//
+// Exact arithmetic, per element: acc = 0.0f; then for j = 0..k-1 with route_row[t*k+j] >= 0,
+// acc = acc + y[row, n] (one fp32 add each, round to nearest, no reassociation). A token whose routes
+// are all dropped gets +0.
+//
+// Host-includable: plain declarations only.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+namespace loom {
+
+struct CombineRowsParams {
+  const float* y = nullptr;            // [R, N] weighted rows, 16-byte aligned
+  const int32_t* route_row = nullptr;  // [T*k]
+  int tokens = 0, topk = 0, cols = 0;  // cols = N, a positive multiple of 4 (16 in loom)
+  float* out = nullptr;                // [T, N] fp32, 16-byte aligned
+};
+
+// Enqueues the kernel on `stream`; pdl: launch with the programmatic-dependent-launch attribute.
+// T = 0 enqueues nothing. Throws loom::Error on a bad shape or misaligned pointer.
+void launch_combine_rows(const CombineRowsParams& p, cudaStream_t stream, bool pdl);
+
+}  // namespace loom

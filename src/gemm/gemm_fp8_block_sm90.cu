@@ -1,0 +1,299 @@
+#include "gemm/gemm_fp8_block_sm90.cuh"
+
+#include <cuda.h>
+
+#include <algorithm>
+
+#include "common/cuda_check.hpp"
+#include "common/launch.hpp"
+#include "common/tensor_map.hpp"
+#include "ptx/barrier.cuh"
+#include "ptx/mbarrier.cuh"
+#include "ptx/pdl.cuh"
+#include "ptx/red.cuh"
+#include "ptx/setmaxnreg.cuh"
+#include "ptx/tma.cuh"
+#include "ptx/wgmma.cuh"
+
+namespace loom {
+
+namespace {
+
+constexpr int kBlockK = 128;       // K per pipeline stage: exactly one scale block
+constexpr int kBlockM = 128;       // weight rows per unit: two consumer warpgroups of 64
+constexpr int kMaxChunk = 128;     // widest token chunk (the MMA's N)
+constexpr int kWidthCount = 4;     // chunk widths 16, 32, 64, 128
+constexpr int kStages = 6;
+constexpr int kThreads = 384;      // warpgroup 0: TMA producer; 1 and 2: MMA consumers
+constexpr int kConsumerWarps = 8;
+constexpr int kEpilogueCols = 32;  // token columns staged per epilogue pass
+constexpr int kEpilogueStride = 64 + 4;  // floats per staged column: +4 makes the quad writes conflict-free
+// TMA requires the global address a box starts at to be 16-byte aligned: an activation-scale box
+// therefore starts at the row rounded down to a multiple of 4 and carries 4 extra floats.
+constexpr int kScaleAlign = 4;
+constexpr int kXsStride = 160;  // floats per stage: >= kMaxChunk + kScaleAlign, 128-byte multiple
+constexpr int kWTileBytes = kBlockM * kBlockK;
+constexpr int kXTileBytes = kMaxChunk * kBlockK;
+
+static_assert(kWTileBytes % 1024 == 0 && kXTileBytes % 1024 == 0,
+              "128-byte-swizzled TMA tiles must start on 1024-byte boundaries");
+static_assert(kBlockK == 128, "one pipeline stage must be exactly one 128-wide scale block");
+static_assert((16 << (kWidthCount - 1)) == kMaxChunk, "widths 16..kMaxChunk double each step");
+static_assert(kThreads == 128 * 3 && kConsumerWarps == 8, "one producer and two consumer warpgroups");
+constexpr uint32_t kProducerRegs = 40, kConsumerRegs = 232;
+static_assert(128 * kProducerRegs + 256 * kConsumerRegs <= 65536, "register file of one SM");
+static_assert(kMaxChunk % kEpilogueCols == 0, "epilogue passes tile the widest chunk");
+static_assert(kXsStride >= kMaxChunk + kScaleAlign && (kXsStride * 4) % 128 == 0, "scale stage holds a shifted box");
+
+struct TensorMaps {
+  CUtensorMap w;                 // [E*N, K] u8, box 128 x 128, 128-byte swizzle
+  CUtensorMap x[kWidthCount];    // [R_pad, K] u8, box width x 128, 128-byte swizzle
+  CUtensorMap xs[kWidthCount];   // [KB, R_pad] f32, box 1 x (width + 4), start row aligned down to 4
+};
+
+struct KernelArgs {
+  const uint8_t* weights;
+  const float* weight_scales;
+  const int32_t* offsets;
+  const int32_t* row_token;
+  const float* row_weight;
+  float* out;
+  int experts, n, k, nblocks, kblocks;
+  int atomic;
+  int prefetch;
+};
+
+struct alignas(1024) SharedStorage {
+  uint8_t w[kStages][kWTileBytes];
+  uint8_t x[kStages][kXTileBytes];
+  float xs[kStages][kXsStride];
+  float epilogue[2][kEpilogueCols][kEpilogueStride];
+  uint64_t full[kStages];
+  uint64_t empty[kStages];
+};
+static_assert(sizeof(SharedStorage) + 1024 <= 227 * 1024, "shared memory budget of one sm_90 CTA");
+
+__host__ __device__ constexpr int width_index(int rows) { return rows <= 16 ? 0 : rows <= 32 ? 1 : rows <= 64 ? 2 : 3; }
+
+struct PipelineState {
+  uint32_t stage = 0, phase = 0;
+  __device__ void advance() {
+    if (++stage == kStages) {
+      stage = 0;
+      phase ^= 1;
+    }
+  }
+};
+
+// One chunk (up to W of an expert's rows against 128 weight rows) on one consumer warpgroup:
+// the K loop with per-block promotion, then the weighted epilogue.
+template <int W>
+__device__ __forceinline__ void consume_chunk(SharedStorage& s, PipelineState& ps, const KernelArgs& a, int e, int nb,
+                                              int row0, int chunk_rows, int consumer) {
+  using Mma = ptx::WgmmaE4M3<W>;
+  constexpr int kRegs = Mma::kRegs;
+  const int lane = threadIdx.x % 32, warp_in_wg = (threadIdx.x / 32) % 4;
+  const int g = lane / 4, q = lane % 4;
+  float final_acc[kRegs];
+  float acc[kRegs];
+#pragma unroll
+  for (int i = 0; i < kRegs; ++i) final_acc[i] = 0.0f, acc[i] = 0.0f;
+  const float* wscale = a.weight_scales + (int64_t(e) * a.nblocks + nb) * a.kblocks;
+
+  for (int kb = 0; kb < a.kblocks; ++kb) {
+    const float sw = __ldg(wscale + kb);
+    ptx::mbar_wait(&s.full[ps.stage], ps.phase);
+    const uint64_t desc_a = ptx::smem_desc_k_major_sw128(&s.w[ps.stage][consumer * 64 * kBlockK]);
+    const uint64_t desc_b = ptx::smem_desc_k_major_sw128(&s.x[ps.stage][0]);
+#pragma unroll
+    for (int i = 0; i < kRegs; ++i) ptx::fence_operand(acc[i]);
+    ptx::wgmma_fence();
+#pragma unroll
+    for (int ks = 0; ks < kBlockK / 32; ++ks) {
+      // +32 bytes along K per k32 step = +2 in the descriptor's 16-byte address units.
+      Mma::mma(acc, desc_a + 2 * ks, desc_b + 2 * ks, ks);
+    }
+    ptx::wgmma_commit_group();
+    ptx::wgmma_wait_group<0>();
+#pragma unroll
+    for (int i = 0; i < kRegs; ++i) ptx::fence_operand(acc[i]);
+    float sa[kRegs / 2];
+    const float* xs = &s.xs[ps.stage][row0 % kScaleAlign];  // the box began at row0 rounded down
+#pragma unroll
+    for (int j = 0; j < kRegs / 4; ++j) {
+      sa[2 * j] = xs[8 * j + 2 * q] * sw;
+      sa[2 * j + 1] = xs[8 * j + 2 * q + 1] * sw;
+    }
+    // Every lane's shared-memory reads of this stage (wgmma operands, scales) are done: free it.
+    __syncwarp();
+    if (lane == 0) ptx::mbar_arrive(&s.empty[ps.stage]);
+    ps.advance();
+#pragma unroll
+    for (int j = 0; j < kRegs / 4; ++j) {
+      final_acc[4 * j + 0] += acc[4 * j + 0] * sa[2 * j];
+      final_acc[4 * j + 1] += acc[4 * j + 1] * sa[2 * j + 1];
+      final_acc[4 * j + 2] += acc[4 * j + 2] * sa[2 * j];
+      final_acc[4 * j + 3] += acc[4 * j + 3] * sa[2 * j + 1];
+    }
+  }
+
+  // Epilogue: stage 32 token columns x 64 weight rows through shared memory so each thread then
+  // owns 4 consecutive outputs of one token row (one 16-byte vector reduction or store).
+  const uint32_t barrier_id = 1 + consumer, wg_thread = threadIdx.x % 128;
+  float(*stage_cols)[kEpilogueStride] = s.epilogue[consumer];
+#pragma unroll
+  for (int cg = 0; cg < (W + kEpilogueCols - 1) / kEpilogueCols; ++cg) {
+    constexpr int kGroupCols = W < kEpilogueCols ? W : kEpilogueCols;
+#pragma unroll
+    for (int jj = 0; jj < kGroupCols / 8; ++jj) {
+      const int j = cg * (kEpilogueCols / 8) + jj;
+      const int c = 8 * jj + 2 * q, r = 16 * warp_in_wg + g;
+      stage_cols[c][r] = final_acc[4 * j + 0];
+      stage_cols[c + 1][r] = final_acc[4 * j + 1];
+      stage_cols[c][r + 8] = final_acc[4 * j + 2];
+      stage_cols[c + 1][r + 8] = final_acc[4 * j + 3];
+    }
+    ptx::named_barrier_sync(barrier_id, 128);
+    for (int item = wg_thread; item < kGroupCols * 16; item += 128) {
+      const int col = item / 16, quad = item % 16;
+      const int chunk_col = cg * kEpilogueCols + col;
+      const int n = nb * kBlockM + consumer * 64 + 4 * quad;
+      if (chunk_col < chunk_rows && n < a.n) {
+        const int row = row0 + chunk_col;
+        const float w = __ldg(a.row_weight + row);
+        const float4 v = *reinterpret_cast<const float4*>(&stage_cols[col][4 * quad]);
+        if (a.atomic) {
+          const int token = __ldg(a.row_token + row);
+          ptx::red_add_v4_f32(a.out + int64_t(token) * a.n + n, w * v.x, w * v.y, w * v.z, w * v.w);
+        } else {
+          *reinterpret_cast<float4*>(a.out + int64_t(row) * a.n + n) = make_float4(w * v.x, w * v.y, w * v.z, w * v.w);
+        }
+      }
+    }
+    // The next pass (or chunk) overwrites the staging area.
+    ptx::named_barrier_sync(barrier_id, 128);
+  }
+}
+
+__global__ void __launch_bounds__(kThreads, 1)
+    gemm_fp8_block_kernel(const __grid_constant__ TensorMaps maps, const KernelArgs a) {
+  extern __shared__ uint8_t smem_raw[];
+  SharedStorage& s = *reinterpret_cast<SharedStorage*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
+  const int units = a.experts * a.nblocks;
+
+  if (threadIdx.x == 0) {
+    for (int i = 0; i < kStages; ++i) {
+      ptx::mbar_init(&s.full[i], 1);
+      ptx::mbar_init(&s.empty[i], kConsumerWarps);
+    }
+    ptx::fence_mbar_init();
+    ptx::prefetch_tensormap(&maps.w);
+    // The weights do not depend on earlier kernels: start pulling this CTA's first tile into L2
+    // while the routing, dispatch and quantisation kernels finish.
+    if (a.prefetch && int(blockIdx.x) < units) {
+      const int e = blockIdx.x / a.nblocks, nb = blockIdx.x % a.nblocks;
+      const int rows = min(kBlockM, a.n - nb * kBlockM);
+      const uint8_t* base = a.weights + (int64_t(e) * a.n + nb * kBlockM) * a.k;
+      const int64_t bytes = int64_t(rows) * a.k;
+      for (int64_t off = 0; off < bytes; off += 65536)
+        ptx::prefetch_l2_bulk(base + off, uint32_t(bytes - off < 65536 ? bytes - off : 65536));
+    }
+  }
+  __syncthreads();
+  // Everything below reads what the dispatch and quantisation kernels wrote.
+  ptx::pdl_wait();
+
+  const int warpgroup = threadIdx.x / 128;
+  if (warpgroup == 0) {
+    ptx::setmaxnreg_dec<kProducerRegs>();
+    if (threadIdx.x == 0) {
+      PipelineState ps;
+      for (int u = blockIdx.x; u < units; u += gridDim.x) {
+        const int e = u / a.nblocks, nb = u % a.nblocks;
+        const int row_begin = __ldg(a.offsets + e), rows = __ldg(a.offsets + e + 1) - row_begin;
+        for (int chunk = 0; chunk < rows; chunk += kMaxChunk) {
+          const int wi = width_index(min(kMaxChunk, rows - chunk));
+          const int width = 16 << wi;
+          const uint32_t bytes = kWTileBytes + width * kBlockK + (width + kScaleAlign) * 4;
+          const int scale_row = (row_begin + chunk) / kScaleAlign * kScaleAlign;
+          for (int kb = 0; kb < a.kblocks; ++kb) {
+            ptx::mbar_wait(&s.empty[ps.stage], ps.phase ^ 1);
+            ptx::mbar_arrive_expect_tx(&s.full[ps.stage], bytes);
+            ptx::tma_load_2d(s.w[ps.stage], &maps.w, kb * kBlockK, e * a.n + nb * kBlockM, &s.full[ps.stage]);
+            ptx::tma_load_2d(s.x[ps.stage], &maps.x[wi], kb * kBlockK, row_begin + chunk, &s.full[ps.stage]);
+            ptx::tma_load_2d(s.xs[ps.stage], &maps.xs[wi], scale_row, kb, &s.full[ps.stage]);
+            ps.advance();
+          }
+        }
+      }
+    }
+  } else {
+    ptx::setmaxnreg_inc<kConsumerRegs>();
+    const int consumer = warpgroup - 1;
+    PipelineState ps;
+    for (int u = blockIdx.x; u < units; u += gridDim.x) {
+      const int e = u / a.nblocks, nb = u % a.nblocks;
+      const int row_begin = __ldg(a.offsets + e), rows = __ldg(a.offsets + e + 1) - row_begin;
+      for (int chunk = 0; chunk < rows; chunk += kMaxChunk) {
+        const int chunk_rows = min(kMaxChunk, rows - chunk);
+        switch (width_index(chunk_rows)) {
+          case 0: consume_chunk<16>(s, ps, a, e, nb, row_begin + chunk, chunk_rows, consumer); break;
+          case 1: consume_chunk<32>(s, ps, a, e, nb, row_begin + chunk, chunk_rows, consumer); break;
+          case 2: consume_chunk<64>(s, ps, a, e, nb, row_begin + chunk, chunk_rows, consumer); break;
+          default: consume_chunk<128>(s, ps, a, e, nb, row_begin + chunk, chunk_rows, consumer); break;
+        }
+      }
+    }
+  }
+  ptx::pdl_launch_dependents();
+}
+
+}  // namespace
+
+std::string GemmFp8Config::str() const {
+  return "fp8 grouped GEMM: 128 weight rows x {16..128} token chunk per unit, " + std::to_string(stages) +
+         " TMA stages, persistent grid, " + (prefetch ? "L2 prefetch before PDL wait" : "no prefetch");
+}
+
+GemmFp8Config choose_gemm_fp8_config(int64_t routes, int64_t experts, const DeviceInfo& device) {
+  // One configuration serves decode and prefill for now: the chunk width adapts per expert at run
+  // time, and 6 stages keep 96 KiB of weights in flight per SM, well above what HBM latency needs.
+  GemmFp8Config c;
+  c.stages = kStages;
+  c.max_width = kMaxChunk;
+  c.prefetch = true;
+  return c;
+}
+
+void launch_gemm_fp8(const GemmFp8Params& p, const GemmFp8Config& cfg, const DeviceInfo& device, cudaStream_t stream,
+                     bool pdl) {
+  if (p.n <= 0 || p.k <= 0 || p.n % 16 || p.k % 16)
+    throw Error("fp8 GEMM: N and K must be positive multiples of 16 (got N=" + std::to_string(p.n) +
+                ", K=" + std::to_string(p.k) + ")");
+  if (int64_t(p.experts) * p.n >= (int64_t(1) << 31) || p.padded_rows >= (int64_t(1) << 31) || p.padded_rows % 4)
+    throw Error("fp8 GEMM: sizes exceed the kernel's 32-bit coordinates");
+  if (cfg.stages != kStages || cfg.max_width != kMaxChunk) throw Error("fp8 GEMM: config not instantiated: " + cfg.str());
+  const int nblocks = int((p.n + kBlockM - 1) / kBlockM), kblocks = int((p.k + kBlockK - 1) / kBlockK);
+  TensorMaps maps;
+  maps.w = make_tensor_map_2d(p.weights, CU_TENSOR_MAP_DATA_TYPE_UINT8, 1, uint64_t(p.experts) * p.n, p.k, p.k,
+                              kBlockM, kBlockK, TmaSwizzle::b128);
+  for (int i = 0; i < kWidthCount; ++i) {
+    maps.x[i] = make_tensor_map_2d(p.a_sorted, CU_TENSOR_MAP_DATA_TYPE_UINT8, 1, p.padded_rows, p.k, p.k, 16 << i,
+                                   kBlockK, TmaSwizzle::b128);
+    maps.xs[i] = make_tensor_map_2d(p.a_scales, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 4, kblocks, p.padded_rows,
+                                    p.padded_rows * 4, 1, (16 << i) + kScaleAlign, TmaSwizzle::none);
+  }
+  KernelArgs a{p.weights, p.weight_scales, p.offsets, p.row_token, p.row_weight, p.out, p.experts, p.n, p.k,
+               nblocks,   kblocks,         p.combine == CombineMode::atomic ? 1 : 0, cfg.prefetch ? 1 : 0};
+  const size_t smem = sizeof(SharedStorage) + 1024;  // + alignment slack for the 1024-byte base
+  static bool configured = false;
+  if (!configured) {
+    LOOM_CUDA_CHECK(cudaFuncSetAttribute(gemm_fp8_block_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
+    configured = true;
+  }
+  const int units = p.experts * nblocks;
+  const int grid = std::max(1, std::min(units, device.sm_count));
+  launch_kernel(gemm_fp8_block_kernel, dim3(grid), dim3(kThreads), smem, stream, pdl, maps, a);
+}
+
+}  // namespace loom

@@ -1,0 +1,59 @@
+// Grouped FP8 GEMM over expert segments with 128x128 weight-block scales and 1x128 activation
+// scales, and the weighted combine fused into its epilogue.
+//
+// Orientation ("swap AB"): weight rows sit on the MMA's M side (64 per consumer warpgroup, 128 per
+// CTA) and an expert's token rows on its N side, so an expert with 4 routed rows does not pad a
+// 64-row MMA; the N width of each chunk is picked at run time from {16, 32, 64, 128} to fit the
+// expert's rows. A work unit is (expert, 128 weight rows); the persistent grid strides over units
+// in expert-major order, and each unit streams its 128 x K weight tile once through a TMA pipeline
+// for every chunk of up to 128 of the expert's rows.
+//
+// Per 128-wide K block: four wgmma m64nWk32 into a block accumulator, then on the CUDA cores
+// final += block * weight_scale * activation_scale(column) (the promotion that bounds the tensor
+// cores' reduced-precision FP8 accumulation).
+//
+// Epilogue: atomic — out[token, n] += topk_weight * final (red.global.add.v4.f32);
+//           store  — y[row, n] = topk_weight * final (no atomics; the combine kernel sums rows).
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <string>
+
+#include "common/device_info.hpp"
+
+namespace loom {
+
+enum class CombineMode { atomic, store };
+
+struct GemmFp8Config {
+  int stages = 8;        // TMA pipeline depth (weight tile 16 KiB + activation tile per stage)
+  int max_width = 128;   // widest token chunk (the MMA's N)
+  bool prefetch = true;  // L2 prefetch of the first unit's weights before waiting on the predecessor
+  std::string str() const;
+};
+
+// The config for a shape; every field is printable and justified in the implementation.
+GemmFp8Config choose_gemm_fp8_config(int64_t routes, int64_t experts, const DeviceInfo& device);
+
+struct GemmFp8Params {
+  const uint8_t* weights = nullptr;        // [E, N, K] e4m3, K-major
+  const float* weight_scales = nullptr;    // [E, ceil(N/128), ceil(K/128)]
+  const uint8_t* a_sorted = nullptr;       // [R_pad, K] e4m3 rows in expert order
+  const float* a_scales = nullptr;         // [ceil(K/128), R_pad]
+  const int32_t* offsets = nullptr;        // [E+1]
+  const int32_t* row_token = nullptr;      // [R]
+  const float* row_weight = nullptr;       // [R]
+  float* out = nullptr;                    // atomic: [T, N] (zeroed before); store: [R, N]
+  int experts = 0, n = 0, k = 0;
+  int64_t padded_rows = 0;                 // R_pad
+  CombineMode combine = CombineMode::atomic;
+};
+
+// Throws loom::Error for shapes the kernel cannot take (N or K not a multiple of 16, sizes beyond
+// the TMA limits) and on launch failure.
+void launch_gemm_fp8(const GemmFp8Params& p, const GemmFp8Config& cfg, const DeviceInfo& device, cudaStream_t stream,
+                     bool pdl);
+
+}  // namespace loom

@@ -1,0 +1,217 @@
+// plan() and run(): the seed pipeline route -> dispatch -> quantise/gather -> FP8 grouped GEMM
+// (fused weighted combine, or row stores + deterministic combine), chained with PDL.
+#include <cuda_runtime.h>
+
+#include <sstream>
+
+#include "common/cuda_check.hpp"
+#include "common/device_info.hpp"
+#include "dispatch/dispatch_sm90.cuh"
+#include "gemm/combine_rows_sm90.cuh"
+#include "gemm/gemm_fp8_block_sm90.cuh"
+#include "loom/loom.hpp"
+#include "pipeline/device_layout.hpp"
+#include "pipeline/moe_pipeline.hpp"
+#include "quant/quant_gather_sm90.cuh"
+#include "quant/quant_ref.hpp"
+#include "route/route_topk_sm90.cuh"
+
+namespace loom {
+
+namespace {
+
+// Buffers start on 1 KiB boundaries (TMA needs 16 B; 1 KiB keeps every carve-up simple).
+size_t carve(size_t& cursor, size_t bytes) {
+  const size_t at = cursor;
+  cursor += (bytes + 1023) / 1024 * 1024;
+  return at;
+}
+
+template <class T>
+T* at(void* ws, size_t offset) {
+  return reinterpret_cast<T*>(static_cast<uint8_t*>(ws) + offset);
+}
+
+}  // namespace
+
+Plan plan(const Shape& s, const Routing& r, const Options& o) {
+  validate(s);
+  validate(r, s);
+  if (s.mode != Mode::single)
+    throw Error("the GPU path runs mode single only for now; ffn mode has the CPU reference (layer_ref) only");
+  if (s.dtype != DType::fp8)
+    throw Error("the GPU path runs dtype fp8 only for now; bf16 has the CPU reference (layer_ref) only");
+  if (s.experts > kGpuMaxExperts)
+    throw Error("experts = " + std::to_string(s.experts) + " exceeds the GPU limit " + std::to_string(kGpuMaxExperts));
+  if (s.topk > kGpuMaxTopk)
+    throw Error("topk = " + std::to_string(s.topk) + " exceeds the GPU limit " + std::to_string(kGpuMaxTopk));
+  std::string why;
+  const auto dev = query_device(&why);
+  if (!dev) throw Error("plan needs a GPU: " + why);
+  if (dev->major != 9) throw Error("loom's kernels are built for sm_90a; device " + dev->name + " is not sm_90");
+
+  Plan p;
+  p.shape = s;
+  p.routing = r;
+  p.options = o;
+  p.sm_count = dev->sm_count;
+  p.l2_bytes = dev->l2_bytes;
+  p.device_name = dev->name;
+  p.gemm_config = choose_gemm_fp8_config(s.routes(), s.experts, *dev).str();
+
+  const int64_t T = s.tokens, R = s.routes(), Rp = padded_rows(R), K = s.hidden, N = s.inter;
+  size_t c = 0;
+  Plan::Layout& L = p.layout;
+  L.topk_ids = carve(c, size_t(R) * 4);
+  L.topk_weights = carve(c, size_t(R) * 4);
+  L.nan_flags = carve(c, size_t(T));
+  L.offsets = carve(c, size_t(s.experts + 1) * 4);
+  L.route_row = carve(c, size_t(R) * 4);
+  L.row_token = carve(c, size_t(R) * 4);
+  L.row_weight = carve(c, size_t(R) * 4);
+  L.a_sorted = carve(c, size_t(Rp) * size_t(K));
+  L.a_scales = carve(c, size_t(quant_blocks(K)) * size_t(Rp) * 4);
+  L.y = carve(c, o.deterministic ? size_t(R) * size_t(N) * 4 : 0);
+  L.status = carve(c, sizeof(LayerStatus));
+  L.total = c;
+  return p;
+}
+
+size_t workspace_bytes(const Plan& p) { return p.layout.total; }
+
+std::string describe(const Plan& p) {
+  std::ostringstream o;
+  o << "shape: " << describe(p.shape) << " (tokens = most per run)\n"
+    << "routing: " << describe(p.routing) << "\n"
+    << "device: " << p.device_name << ", " << p.sm_count << " SMs, L2 " << (p.l2_bytes >> 20) << " MiB\n"
+    << "kernels: route (warp per token) -> dispatch (1 CTA: counts, scan, stable rows) -> quantise+gather (1x128, "
+       "bit-exact) -> "
+    << p.gemm_config << "\n"
+    << "combine: "
+    << (p.options.deterministic ? "deterministic (row stores + slot-order sum, no float atomics)"
+                                : "fast (red.global.add.v4.f32 from the GEMM epilogue)")
+    << "\n"
+    << "launch: " << (p.options.pdl ? "programmatic dependent launch" : "plain stream order")
+    << (p.options.debug_checks ? ", debug checks after each run" : "") << "\n"
+    << "workspace: " << p.layout.total << " bytes\n";
+  return o.str();
+}
+
+void run(const Plan& p, const Weights& w, const Inputs& in, void* output, void* workspace, cudaStream_t stream) {
+  run_stages(p, w, in, output, workspace, stream, Stages::all);
+}
+
+void run_stages(const Plan& p, const Weights& w, const Inputs& in, void* output, void* workspace, cudaStream_t stream,
+                Stages stages) {
+  const Shape& s = p.shape;
+  if (in.tokens < 0 || in.tokens > s.tokens)
+    throw Error("run: tokens = " + std::to_string(in.tokens) + " outside the plan's [0, " + std::to_string(s.tokens) +
+                "]");
+  if (in.tokens == 0) return;  // empty output, nothing launched
+  const bool from_logits = in.router_logits != nullptr;
+  if (from_logits == (in.topk_ids != nullptr))
+    throw Error("run: give router_logits or topk_ids/topk_weights, exactly one of them");
+  if (!from_logits && !in.topk_weights) throw Error("run: topk_ids needs topk_weights");
+  if (!in.hidden || !output || !workspace || !w.w1 || !w.w1_scales) throw Error("run: null device pointer");
+
+  const Plan::Layout& L = p.layout;
+  const int T = int(in.tokens), E = int(s.experts), k = int(s.topk);
+  const int64_t R = int64_t(T) * k, Rp = padded_rows(R);
+  const bool pdl = p.options.pdl;
+  int32_t* topk_ids = from_logits ? at<int32_t>(workspace, L.topk_ids) : const_cast<int32_t*>(in.topk_ids);
+  float* topk_weights = from_logits ? at<float>(workspace, L.topk_weights) : const_cast<float*>(in.topk_weights);
+  LayerStatus* status = at<LayerStatus>(workspace, L.status);
+
+  const bool glue = stages == Stages::all;
+  if (from_logits && glue) {
+    RouteTopkParams rp;
+    rp.logits = in.router_logits;
+    rp.bias = in.expert_bias;
+    rp.topk_ids = topk_ids;
+    rp.topk_weights = topk_weights;
+    rp.nan_flags = at<uint8_t>(workspace, L.nan_flags);
+    rp.tokens = T;
+    rp.experts = E;
+    rp.topk = k;
+    rp.routing = p.routing;
+    launch_route_topk(rp, stream, pdl);
+  }
+
+  DispatchParams dp;
+  dp.topk_ids = topk_ids;
+  dp.topk_weights = topk_weights;
+  dp.nan_flags = from_logits ? at<uint8_t>(workspace, L.nan_flags) : nullptr;
+  dp.tokens = T;
+  dp.topk = k;
+  dp.experts = E;
+  dp.offsets = at<int32_t>(workspace, L.offsets);
+  dp.route_row = at<int32_t>(workspace, L.route_row);
+  dp.row_token = at<int32_t>(workspace, L.row_token);
+  dp.row_weight = at<float>(workspace, L.row_weight);
+  dp.status = status;
+  if (glue) launch_dispatch(dp, stream, pdl);
+
+  QuantGatherParams qp;
+  qp.hidden = static_cast<const uint16_t*>(in.hidden);
+  qp.route_row = dp.route_row;
+  qp.tokens = T;
+  qp.hidden_dim = int(s.hidden);
+  qp.topk = k;
+  qp.padded_rows = Rp;
+  qp.a_sorted = at<uint8_t>(workspace, L.a_sorted);
+  qp.a_scales = at<float>(workspace, L.a_scales);
+  // The fast combine accumulates into the output: clear it here, ordered before the GEMM.
+  qp.zero_out = p.options.deterministic ? nullptr : static_cast<float*>(output);
+  qp.zero_cols = s.inter;
+  if (glue) launch_quant_gather(qp, stream, pdl);
+
+  DeviceInfo dev;  // what the launchers need, fixed at plan time (no device query per run)
+  dev.sm_count = p.sm_count;
+  dev.l2_bytes = p.l2_bytes;
+  GemmFp8Params gp;
+  gp.weights = static_cast<const uint8_t*>(w.w1);
+  gp.weight_scales = w.w1_scales;
+  gp.a_sorted = qp.a_sorted;
+  gp.a_scales = qp.a_scales;
+  gp.offsets = dp.offsets;
+  gp.row_token = dp.row_token;
+  gp.row_weight = dp.row_weight;
+  gp.out = p.options.deterministic ? at<float>(workspace, L.y) : static_cast<float*>(output);
+  gp.experts = E;
+  gp.n = int(s.inter);
+  gp.k = int(s.hidden);
+  gp.padded_rows = Rp;
+  gp.combine = p.options.deterministic ? CombineMode::store : CombineMode::atomic;
+  GemmFp8Config gc = choose_gemm_fp8_config(R, E, dev);
+  gc.prefetch = p.options.prefetch_weights;
+  launch_gemm_fp8(gp, gc, dev, stream, pdl);
+
+  if (p.options.deterministic && glue) {
+    CombineRowsParams cp;
+    cp.y = gp.out;
+    cp.route_row = dp.route_row;
+    cp.tokens = T;
+    cp.topk = k;
+    cp.cols = int(s.inter);
+    cp.out = static_cast<float*>(output);
+    launch_combine_rows(cp, stream, pdl);
+  }
+
+  if (p.options.debug_checks) {
+    LOOM_CUDA_CHECK(cudaStreamSynchronize(stream));
+    const LayerStatus st = read_status(p, workspace, stream);
+    if (st.dropped_routes || st.nan_tokens)
+      throw Error("run: " + std::to_string(st.dropped_routes) + " routes with expert ids outside [0, " +
+                  std::to_string(E) + ") dropped, " + std::to_string(st.nan_tokens) + " tokens with NaN router logits");
+  }
+}
+
+LayerStatus read_status(const Plan& p, const void* workspace, cudaStream_t stream) {
+  LayerStatus st;
+  LOOM_CUDA_CHECK(cudaMemcpyAsync(&st, static_cast<const uint8_t*>(workspace) + p.layout.status, sizeof st,
+                                  cudaMemcpyDeviceToHost, stream));
+  LOOM_CUDA_CHECK(cudaStreamSynchronize(stream));
+  return st;
+}
+
+}  // namespace loom

@@ -1,0 +1,32 @@
+// Tensor-memory-accelerator (bulk copy) wrappers: loads through cuda::ptx, the rest inline.
+#pragma once
+
+#include <cuda.h>
+#include <cuda/ptx>
+
+#include <cstdint>
+
+namespace loom::ptx {
+
+// 2-D tile load into this CTA's shared memory; completion counted on `bar` in bytes.
+// c0 is the innermost (contiguous) coordinate in elements.
+__device__ __forceinline__ void tma_load_2d(void* dst, const CUtensorMap* map, int32_t c0, int32_t c1, uint64_t* bar) {
+  const int32_t coords[2] = {c0, c1};
+  cuda::ptx::cp_async_bulk_tensor(cuda::ptx::space_cluster, cuda::ptx::space_global, dst, map, coords, bar);
+}
+
+// Pulls a __grid_constant__ tensor map into the descriptor cache.
+__device__ __forceinline__ void prefetch_tensormap(const CUtensorMap* map) {
+  asm volatile("prefetch.tensormap [%0];" ::"l"(map) : "memory");
+}
+
+// Bulk prefetch of global memory into L2 (no shared memory, no completion to wait for).
+// bytes: a multiple of 16; gptr 16-byte aligned.
+__device__ __forceinline__ void prefetch_l2_bulk(const void* gptr, uint32_t bytes) {
+  asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(gptr), "r"(bytes) : "memory");
+}
+
+// Generic-proxy shared-memory writes made visible to the async proxy (TMA, wgmma).
+__device__ __forceinline__ void fence_proxy_async_shared() { cuda::ptx::fence_proxy_async(cuda::ptx::space_shared); }
+
+}  // namespace loom::ptx

@@ -1,0 +1,42 @@
+// Routing on the GPU: router logits -> top-k expert ids and weights, one warp per token.
+//
+// Semantics are those of route_ref (src/route/route_ref.hpp), which documents them in full:
+// softmax (optional soft-cap) or sigmoid (+bias, grouped) scoring, ranking with NaN last and ties
+// to the lower id, optional renormalisation, x scale, slot 0 = best.
+//
+// Precision. Softmax ranks by the raw fp32 logit, so its ids equal the reference's bit for bit; its
+// weights are fp32 (tanhf, expf) and agree with the double reference to ~1e-6 relative while the
+// capped logits stay small (fp32 cannot hold a capped logit near 30 closer than ~1e-6). Sigmoid
+// ranks by fp32 b = 1 / (1 + expf(-x)) + bias, so it can order two experts (or groups) whose double
+// scores differ by a few fp32 ulps differently from the reference; its weights are recomputed in
+// double for the k chosen experts and match the reference to fp32 rounding.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "loom/types.hpp"
+
+namespace loom {
+
+inline constexpr int kRouteMaxExperts = 512;  // each lane keeps ceil(E / 32) <= 16 scores in registers
+inline constexpr int kRouteMaxTopk = 16;
+
+struct RouteTopkParams {
+  const float* logits = nullptr;  // [T, E] fp32, device
+  const float* bias = nullptr;    // [E] sigmoid only, may be nullptr (zeros); ignored by softmax
+  int32_t* topk_ids = nullptr;    // [T, k]
+  float* topk_weights = nullptr;  // [T, k]
+  uint8_t* nan_flags = nullptr;   // [T]: 1 if the token has any NaN logit, else 0
+  int tokens = 0, experts = 0, topk = 0;
+  Routing routing;
+};
+
+// Enqueues the routing kernel on `stream`, with the programmatic-dependent-launch attribute when
+// `pdl` (the kernel waits for its predecessor before touching memory). No host synchronisation.
+// Throws loom::Error for unsupported sizes (E > 512, k > 16, k > E), a bad routing (loom::validate)
+// or a null pointer; tokens == 0 launches nothing.
+void launch_route_topk(const RouteTopkParams& p, cudaStream_t stream, bool pdl);
+
+}  // namespace loom

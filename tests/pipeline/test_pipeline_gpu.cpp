@@ -1,0 +1,303 @@
+// The whole seed pipeline (plan/run) on the GPU against the CPU reference (small shapes) or the
+// independent GPU reference (large shapes), outputs poisoned with NaN before each run; graph vs
+// eager, deterministic mode, bad device data, edge cases.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+
+#include "bench/device_buffer.hpp"
+#include "gpu_test.hpp"
+#include "loom/loom.hpp"
+#include "pipeline/device_layout.hpp"
+#include "pipeline/gpu_reference.cuh"
+#include "pipeline/layer_ref.hpp"
+#include "test_seed.hpp"
+#include "workload/workload.hpp"
+
+namespace loom {
+namespace {
+
+using bench::DeviceBuffer;
+
+struct Case {
+  int64_t tokens, hidden, inter, experts, topk;
+  const char* dist;
+  bool from_logits = true;  // random distribution only: route on the GPU
+  Routing routing{};
+};
+
+// Device copies of one workload and a helper to run the layer on them.
+struct Harness {
+  Shape shape;
+  Routing routing;
+  LayerWeights weights;
+  Routes routes;
+  std::vector<bf16> hidden;
+  DeviceBuffer w1, w1s, h, logits, bias, ids, wts, out, ws;
+  Plan plan;
+
+  Harness(const Case& c, uint64_t seed, const Options& opt = {}) {
+    shape = Shape{c.tokens, c.hidden, c.inter, c.experts, c.topk, Mode::single, DType::fp8};
+    routing = c.routing;
+    weights = make_weights(shape, seed);
+    routes = make_routes(shape, routing, parse_distribution(c.dist), seed + 1);
+    hidden = make_hidden(shape, seed + 2);
+    w1 = DeviceBuffer::from(weights.w1_q);
+    w1s = DeviceBuffer::from(weights.w1_scales);
+    h = DeviceBuffer::from(hidden);
+    if (!routes.logits.empty() && c.from_logits) {
+      logits = DeviceBuffer::from(routes.logits);
+      if (!routes.expert_bias.empty()) bias = DeviceBuffer::from(routes.expert_bias);
+    } else {
+      ids = DeviceBuffer::from(routes.topk.ids);
+      wts = DeviceBuffer::from(routes.topk.weights);
+    }
+    out = DeviceBuffer(size_t(std::max<int64_t>(1, shape.tokens * shape.inter)) * 4);
+    plan = loom::plan(shape, routing, opt);
+    ws = DeviceBuffer(workspace_bytes(plan));
+  }
+  Inputs inputs() const {
+    Inputs in;
+    in.tokens = shape.tokens;
+    in.hidden = h.get();
+    in.router_logits = logits.as<float>();
+    in.expert_bias = bias.as<float>();
+    in.topk_ids = ids.as<int32_t>();
+    in.topk_weights = wts.as<float>();
+    return in;
+  }
+  Weights device_weights() const {
+    Weights w;
+    w.w1 = w1.get();
+    w.w1_scales = w1s.as<float>();
+    return w;
+  }
+  // One eager run with a NaN-poisoned output; returns the output.
+  std::vector<float> run_once(cudaStream_t stream = nullptr) {
+    LOOM_CUDA_CHECK(cudaMemset(out.get(), 0xff, out.bytes()));
+    run(plan, device_weights(), inputs(), out.get(), ws.get(), stream);
+    LOOM_CUDA_CHECK(cudaStreamSynchronize(stream));
+    return out.to_host<float>();
+  }
+  // The routes the GPU used (for sigmoid routing, whose near-ties may legitimately differ).
+  TopK device_routes() const {
+    if (logits.get() == nullptr) return routes.topk;
+    TopK t;
+    t.tokens = shape.tokens;
+    t.topk = shape.topk;
+    t.ids.resize(size_t(shape.routes()));
+    t.weights.resize(size_t(shape.routes()));
+    LOOM_CUDA_CHECK(cudaMemcpy(t.ids.data(), static_cast<uint8_t*>(ws.get()) + plan.layout.topk_ids,
+                               t.ids.size() * 4, cudaMemcpyDeviceToHost));
+    LOOM_CUDA_CHECK(cudaMemcpy(t.weights.data(), static_cast<uint8_t*>(ws.get()) + plan.layout.topk_weights,
+                               t.weights.size() * 4, cudaMemcpyDeviceToHost));
+    return t;
+  }
+};
+
+void expect_close(const std::vector<float>& got, const std::vector<double>& ref, int64_t rows, int64_t cols) {
+  const ErrorStats e = relative_error(got.data(), ref.data(), rows, cols);
+  EXPECT_LE(e.overall, 2e-3) << "relative Frobenius error";
+  EXPECT_LE(e.worst_row, 1e-2) << "worst token row " << e.worst_row_index;
+}
+
+void check_case(const Case& c, uint64_t seed, bool gpu_reference) {
+  SCOPED_TRACE(testing::Message() << "T=" << c.tokens << " K=" << c.hidden << " N=" << c.inter << " E=" << c.experts
+                                  << " k=" << c.topk << " " << c.dist);
+  Harness hs(c, seed);
+  const std::vector<float> got = hs.run_once();
+  const TopK used = hs.device_routes();
+  if (c.routing.scoring == Scoring::softmax && hs.logits.get()) {
+    EXPECT_EQ(used.ids, hs.routes.topk.ids) << "softmax routing ranks raw logits: ids are exact";
+  }
+  const std::vector<double> ref = gpu_reference ? test::reference_single_fp8_gpu(hs.weights, hs.hidden, used)
+                                                : layer_ref(hs.weights, hs.hidden.data(), used).out;
+  expect_close(got, ref, c.tokens, c.inter);
+}
+
+TEST(PipelineGpu, Qwen35SinglePreset) {
+  LOOM_REQUIRE_GPU();
+  LOOM_FRESH_SEED();
+  const Preset& p = find_preset("qwen35-single");
+  check_case({p.shape.tokens, p.shape.hidden, p.shape.inter, p.shape.experts, p.shape.topk, "random"}, seed, false);
+}
+
+TEST(PipelineGpu, CoversEveryTokenExpertTopkAndWidth) {
+  LOOM_REQUIRE_GPU();
+  LOOM_FRESH_SEED();
+  check_case({1, 2048, 512, 8, 1, "balanced"}, seed, false);
+  check_case({3, 7168, 4096, 64, 2, "zipf:1.2"}, seed, false);
+  check_case({17, 2048, 512, 512, 16, "hot:0.9"}, seed, false);
+  check_case({128, 2048, 512, 256, 8, "concentrated"}, seed, false);
+  check_case({128, 2048, 512, 256, 8, "zipf:1.2"}, seed, false);
+  check_case({128, 2048, 512, 256, 8, "hot:0.9"}, seed, false);
+  check_case({17, 192, 80, 8, 2, "random"}, seed, false);  // partial 128-blocks in K and N
+}
+
+TEST(PipelineGpu, LargeShapesAgainstGpuReference) {
+  LOOM_REQUIRE_GPU();
+  LOOM_FRESH_SEED();
+  check_case({1000, 7168, 512, 64, 8, "concentrated"}, seed, true);
+  check_case({1000, 2048, 4096, 512, 2, "balanced"}, seed, true);
+  check_case({8192, 2048, 512, 256, 8, "random"}, seed, true);
+}
+
+TEST(PipelineGpu, GpuReferenceAgreesWithCpuReference) {
+  LOOM_REQUIRE_GPU();
+  LOOM_FRESH_SEED();
+  for (const Case& c : {Case{17, 192, 80, 8, 2, "random"}, Case{64, 2048, 512, 64, 8, "zipf:1.2"}}) {
+    const Shape s{c.tokens, c.hidden, c.inter, c.experts, c.topk, Mode::single, DType::fp8};
+    const LayerWeights w = make_weights(s, seed);
+    const Routes r = make_routes(s, Routing{}, parse_distribution(c.dist), seed + 1);
+    const std::vector<bf16> h = make_hidden(s, seed + 2);
+    const std::vector<double> gpu = test::reference_single_fp8_gpu(w, h, r.topk);
+    const std::vector<double> cpu = layer_ref(w, h.data(), r.topk).out;
+    std::vector<float> gpu_f(gpu.begin(), gpu.end());
+    const ErrorStats e = relative_error(gpu_f.data(), cpu.data(), c.tokens, c.inter);
+    EXPECT_LE(e.overall, 1e-6);  // both exact in double; the float copy rounds
+    EXPECT_LE(e.worst_row, 1e-6);
+  }
+}
+
+TEST(PipelineGpu, SigmoidGroupedAndSoftcapRouting) {
+  LOOM_REQUIRE_GPU();
+  LOOM_FRESH_SEED();
+  Case sig{128, 2048, 512, 256, 8, "random"};
+  sig.routing.scoring = Scoring::sigmoid;
+  sig.routing.n_group = 8;
+  sig.routing.topk_group = 4;
+  sig.routing.scale = 2.5f;
+  check_case(sig, seed, false);
+  Case cap{64, 2048, 512, 64, 4, "random"};
+  cap.routing.softcap = 30.0f;
+  cap.routing.renormalize = false;
+  check_case(cap, seed, false);
+}
+
+TEST(PipelineGpu, ZeroTokensLaunchesNothing) {
+  LOOM_REQUIRE_GPU();
+  LOOM_FRESH_SEED();
+  Harness hs({4, 256, 128, 8, 2, "random"}, seed);
+  LOOM_CUDA_CHECK(cudaMemset(hs.out.get(), 0x5a, hs.out.bytes()));
+  Inputs in = hs.inputs();
+  in.tokens = 0;
+  run(hs.plan, hs.device_weights(), in, hs.out.get(), hs.ws.get(), nullptr);
+  LOOM_CUDA_CHECK(cudaDeviceSynchronize());
+  for (float v : hs.out.to_host<float>()) {
+    uint32_t bits;
+    std::memcpy(&bits, &v, 4);
+    ASSERT_EQ(bits, 0x5a5a5a5au) << "T = 0 must not touch the output";
+  }
+}
+
+TEST(PipelineGpu, DeterministicModeIsBitwiseStableAndMatchesGraphReplay) {
+  LOOM_REQUIRE_GPU();
+  LOOM_FRESH_SEED();
+  Options opt;
+  opt.deterministic = true;
+  Harness hs({128, 2048, 512, 256, 8, "random"}, seed, opt);
+  const std::vector<float> first = hs.run_once();
+  const std::vector<float> second = hs.run_once();
+  ASSERT_EQ(std::memcmp(first.data(), second.data(), first.size() * 4), 0) << "eager runs differ";
+
+  cudaStream_t s;
+  LOOM_CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  cudaGraph_t g;
+  cudaGraphExec_t ge;
+  LOOM_CUDA_CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
+  run(hs.plan, hs.device_weights(), hs.inputs(), hs.out.get(), hs.ws.get(), s);
+  LOOM_CUDA_CHECK(cudaStreamEndCapture(s, &g));
+  LOOM_CUDA_CHECK(cudaGraphInstantiate(&ge, g, 0));
+  for (int rep = 0; rep < 3; ++rep) {
+    LOOM_CUDA_CHECK(cudaMemsetAsync(hs.out.get(), 0xff, hs.out.bytes(), s));
+    LOOM_CUDA_CHECK(cudaGraphLaunch(ge, s));
+    LOOM_CUDA_CHECK(cudaStreamSynchronize(s));
+    const std::vector<float> replay = hs.out.to_host<float>();
+    ASSERT_EQ(std::memcmp(first.data(), replay.data(), first.size() * 4), 0) << "graph replay " << rep << " differs";
+  }
+  cudaGraphExecDestroy(ge);
+  cudaGraphDestroy(g);
+  cudaStreamDestroy(s);
+  expect_close(first, layer_ref(hs.weights, hs.hidden.data(), hs.routes.topk).out, 128, 512);
+}
+
+TEST(PipelineGpu, FastModeGraphReplayAgreesWithEager) {
+  LOOM_REQUIRE_GPU();
+  LOOM_FRESH_SEED();
+  Harness hs({32, 2048, 512, 256, 8, "random"}, seed);
+  const std::vector<float> eager = hs.run_once();
+  cudaStream_t s;
+  LOOM_CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  cudaGraph_t g;
+  cudaGraphExec_t ge;
+  LOOM_CUDA_CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
+  run(hs.plan, hs.device_weights(), hs.inputs(), hs.out.get(), hs.ws.get(), s);
+  LOOM_CUDA_CHECK(cudaStreamEndCapture(s, &g));
+  LOOM_CUDA_CHECK(cudaGraphInstantiate(&ge, g, 0));
+  LOOM_CUDA_CHECK(cudaMemsetAsync(hs.out.get(), 0xff, hs.out.bytes(), s));
+  LOOM_CUDA_CHECK(cudaGraphLaunch(ge, s));
+  LOOM_CUDA_CHECK(cudaStreamSynchronize(s));
+  const std::vector<float> replay = hs.out.to_host<float>();
+  std::vector<double> eager_d(eager.begin(), eager.end());
+  const ErrorStats e = relative_error(replay.data(), eager_d.data(), 32, 512);
+  EXPECT_LE(e.overall, 1e-6) << "atomic order may differ, nothing else";
+  cudaGraphExecDestroy(ge);
+  cudaGraphDestroy(g);
+  cudaStreamDestroy(s);
+}
+
+TEST(PipelineGpu, BadDeviceDataIsCountedNotFatal) {
+  LOOM_REQUIRE_GPU();
+  LOOM_FRESH_SEED();
+  // Precomputed routes with ids outside [0, E): dropped and counted; the rest is computed.
+  Harness hs({16, 256, 128, 8, 2, "balanced"}, seed);
+  TopK bad = hs.routes.topk;
+  bad.ids[3] = -1;
+  bad.ids[10] = 8;
+  bad.ids[11] = 1 << 30;
+  hs.ids = DeviceBuffer::from(bad.ids);
+  const std::vector<float> got = hs.run_once();
+  const LayerStatus st = read_status(hs.plan, hs.ws.get(), nullptr);
+  EXPECT_EQ(st.dropped_routes, 3u);
+  EXPECT_EQ(st.nan_tokens, 0u);
+  expect_close(got, layer_ref(hs.weights, hs.hidden.data(), bad).out, 16, 128);
+  // The debug option checks synchronously and throws.
+  Options dbg;
+  dbg.debug_checks = true;
+  const Plan pd = plan(hs.shape, hs.routing, dbg);
+  EXPECT_THROW(run(pd, hs.device_weights(), hs.inputs(), hs.out.get(), hs.ws.get(), nullptr), Error);
+
+  // NaN router logits rank last and are counted; the output stays finite.
+  Harness hn({16, 256, 128, 8, 2, "random"}, seed + 7);
+  std::vector<float> logits = hn.routes.logits;
+  for (int e = 0; e < 8; ++e) logits[size_t(5 * 8 + e)] = NAN;  // token 5: all NaN
+  logits[size_t(9 * 8 + 2)] = NAN;                              // token 9: one NaN
+  hn.logits = DeviceBuffer::from(logits);
+  const std::vector<float> out = hn.run_once();
+  EXPECT_EQ(read_status(hn.plan, hn.ws.get(), nullptr).nan_tokens, 2u);
+  for (float v : out) ASSERT_TRUE(std::isfinite(v));
+  const TopK ref = route_ref(logits.data(), 16, 8, 2, hn.routing);
+  expect_close(out, layer_ref(hn.weights, hn.hidden.data(), ref).out, 16, 128);
+}
+
+TEST(PipelineGpu, PlanRejectsWhatTheGpuPathCannotRun) {
+  LOOM_REQUIRE_GPU();
+  auto message = [](const Shape& s) {
+    try {
+      plan(s, Routing{});
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string("accepted");
+  };
+  EXPECT_NE(message({8, 256, 128, 8, 2, Mode::ffn, DType::fp8}).find("ffn"), std::string::npos);
+  EXPECT_NE(message({8, 256, 128, 8, 2, Mode::single, DType::bf16}).find("bf16"), std::string::npos);
+  EXPECT_NE(message({8, 256, 128, 1024, 2, Mode::single, DType::fp8}).find("GPU limit 512"), std::string::npos);
+  EXPECT_NE(message({8, 256, 128, 64, 17, Mode::single, DType::fp8}).find("GPU limit 16"), std::string::npos);
+  EXPECT_NE(message({8, 200, 128, 64, 2, Mode::single, DType::fp8}).find("multiple of 16"), std::string::npos);
+  EXPECT_EQ(message({8, 8192, 8192, 512, 16, Mode::single, DType::fp8}), "accepted");
+}
+
+}  // namespace
+}  // namespace loom
