@@ -28,6 +28,8 @@ struct Options {
   bool debug_checks = false;
   // L2 prefetch of each CTA's first weight tile before the GEMM waits on its predecessor.
   bool prefetch_weights = true;
+  // Small batches routed by softmax: routing and dispatch in one single-CTA kernel.
+  bool fuse_small_batch = true;
 };
 
 // The GPU path's limits (plan() rejects anything beyond them with a message saying which):

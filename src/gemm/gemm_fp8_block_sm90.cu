@@ -3,6 +3,8 @@
 #include <cuda.h>
 
 #include <algorithm>
+#include <cmath>
+#include <type_traits>
 
 #include "common/cuda_check.hpp"
 #include "common/launch.hpp"
@@ -32,6 +34,7 @@ constexpr int kEpilogueStride = 64 + 4;  // floats per staged column: +4 makes t
 // therefore starts at the row rounded down to a multiple of 4 and carries 4 extra floats.
 constexpr int kScaleAlign = 4;
 constexpr int kXsStride = 160;  // floats per stage: >= kMaxChunk + kScaleAlign, 128-byte multiple
+constexpr int kMaxHitExperts = 512;  // compact mode keeps the list of experts with rows in shared memory
 constexpr int kWTileBytes = kBlockM * kBlockK;
 constexpr int kXTileBytes = kMaxChunk * kBlockK;
 
@@ -61,6 +64,8 @@ struct KernelArgs {
   int experts, n, k, nblocks, kblocks;
   int atomic;
   int prefetch;
+  int dense;
+  int split_k, kblocks_per_split;
 };
 
 struct alignas(1024) SharedStorage {
@@ -70,6 +75,9 @@ struct alignas(1024) SharedStorage {
   float epilogue[2][kEpilogueCols][kEpilogueStride];
   uint64_t full[kStages];
   uint64_t empty[kStages];
+  int32_t hit_experts[kMaxHitExperts];  // compact mode: experts with rows, ascending
+  int32_t hit_count;
+  int32_t chunk_hits[kMaxHitExperts / 32];
 };
 static_assert(sizeof(SharedStorage) + 1024 <= 227 * 1024, "shared memory budget of one sm_90 CTA");
 
@@ -85,26 +93,75 @@ struct PipelineState {
   }
 };
 
+// A work unit: one expert's 128 weight rows over one K range, for all of the expert's rows.
+struct Unit {
+  int expert, nb, kb_begin, kb_end;
+};
+
+__device__ __forceinline__ int unit_count(const SharedStorage& s, const KernelArgs& a) {
+  return (a.dense ? a.experts : s.hit_count) * a.nblocks * a.split_k;
+}
+
+// Consecutive units share an expert (then its 128-row blocks, then K ranges), so CTAs running at
+// the same time read the same activation rows.
+__device__ __forceinline__ Unit decode_unit(const SharedStorage& s, const KernelArgs& a, int u) {
+  const int per_expert = a.nblocks * a.split_k;
+  const int slot = u / per_expert, rem = u - slot * per_expert;
+  Unit unit;
+  unit.expert = a.dense ? slot : s.hit_experts[slot];
+  unit.nb = rem / a.split_k;
+  const int ks = rem - unit.nb * a.split_k;
+  unit.kb_begin = ks * a.kblocks_per_split;
+  unit.kb_end = min(a.kblocks, unit.kb_begin + a.kblocks_per_split);
+  return unit;
+}
+
+// Compact mode: the experts with at least one row, in ascending order (ballot per 32 experts,
+// then a prefix over the per-32 counts). Every CTA builds the same list.
+__device__ __forceinline__ void build_hit_list(SharedStorage& s, const KernelArgs& a) {
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, warps = blockDim.x / 32;
+  const int chunks = (a.experts + 31) / 32;
+  for (int c = warp; c < chunks; c += warps) {
+    const int e = c * 32 + lane;
+    const bool hit = e < a.experts && __ldg(a.offsets + e + 1) > __ldg(a.offsets + e);
+    const unsigned mask = __ballot_sync(0xffffffffu, hit);
+    if (lane == 0) s.chunk_hits[c] = __popc(mask);
+  }
+  __syncthreads();
+  for (int c = warp; c < chunks; c += warps) {
+    int base = 0;
+    for (int i = 0; i < c; ++i) base += s.chunk_hits[i];
+    const int e = c * 32 + lane;
+    const bool hit = e < a.experts && __ldg(a.offsets + e + 1) > __ldg(a.offsets + e);
+    const unsigned mask = __ballot_sync(0xffffffffu, hit);
+    if (hit) s.hit_experts[base + __popc(mask & ((1u << lane) - 1))] = e;
+    if (c == chunks - 1 && lane == 0) s.hit_count = base + __popc(mask);
+  }
+  __syncthreads();
+}
+
 // One chunk (up to W of an expert's rows against 128 weight rows) on one consumer warpgroup:
 // the K loop with per-block promotion, then the weighted epilogue.
 template <int W>
-__device__ __forceinline__ void consume_chunk(SharedStorage& s, PipelineState& ps, const KernelArgs& a, int e, int nb,
+__device__ __forceinline__ void consume_chunk(SharedStorage& s, PipelineState& ps, const KernelArgs& a, const Unit& unit,
                                               int row0, int chunk_rows, int consumer) {
+  const int e = unit.expert, nb = unit.nb;
   using Mma = ptx::WgmmaE4M3<W>;
   constexpr int kRegs = Mma::kRegs;
   const int lane = threadIdx.x % 32, warp_in_wg = (threadIdx.x / 32) % 4;
   const int g = lane / 4, q = lane % 4;
   float final_acc[kRegs];
-  float acc[kRegs];
+  // Two block accumulators: the MMAs of K block kb+1 run while block kb is promoted.
+  float acc0[kRegs], acc1[kRegs];
 #pragma unroll
-  for (int i = 0; i < kRegs; ++i) final_acc[i] = 0.0f, acc[i] = 0.0f;
+  for (int i = 0; i < kRegs; ++i) final_acc[i] = 0.0f, acc0[i] = 0.0f, acc1[i] = 0.0f;
   const float* wscale = a.weight_scales + (int64_t(e) * a.nblocks + nb) * a.kblocks;
 
-  for (int kb = 0; kb < a.kblocks; ++kb) {
-    const float sw = __ldg(wscale + kb);
-    ptx::mbar_wait(&s.full[ps.stage], ps.phase);
-    const uint64_t desc_a = ptx::smem_desc_k_major_sw128(&s.w[ps.stage][consumer * 64 * kBlockK]);
-    const uint64_t desc_b = ptx::smem_desc_k_major_sw128(&s.x[ps.stage][0]);
+  // Waits for a stage and issues its four k32 MMAs into `acc` (overwriting it: scale-d = 0 first).
+  auto issue = [&](float(&acc)[kRegs], uint32_t stage, uint32_t phase) {
+    ptx::mbar_wait(&s.full[stage], phase);
+    const uint64_t desc_a = ptx::smem_desc_k_major_sw128(&s.w[stage][consumer * 64 * kBlockK]);
+    const uint64_t desc_b = ptx::smem_desc_k_major_sw128(&s.x[stage][0]);
 #pragma unroll
     for (int i = 0; i < kRegs; ++i) ptx::fence_operand(acc[i]);
     ptx::wgmma_fence();
@@ -114,11 +171,16 @@ __device__ __forceinline__ void consume_chunk(SharedStorage& s, PipelineState& p
       Mma::mma(acc, desc_a + 2 * ks, desc_b + 2 * ks, ks);
     }
     ptx::wgmma_commit_group();
-    ptx::wgmma_wait_group<0>();
+  };
+  // Once `acc`'s group is done (kPending groups may stay in flight): read the stage's scales,
+  // release the stage, promote final += acc * weight_scale * activation_scale.
+  auto promote = [&](float(&acc)[kRegs], uint32_t stage, int kb, auto pending) {
+    ptx::wgmma_wait_group<decltype(pending)::value>();
 #pragma unroll
     for (int i = 0; i < kRegs; ++i) ptx::fence_operand(acc[i]);
+    const float sw = __ldg(wscale + kb);
     float sa[kRegs / 2];
-    const float* xs = &s.xs[ps.stage][row0 % kScaleAlign];  // the box began at row0 rounded down
+    const float* xs = &s.xs[stage][row0 % kScaleAlign];  // the box began at row0 rounded down
 #pragma unroll
     for (int j = 0; j < kRegs / 4; ++j) {
       sa[2 * j] = xs[8 * j + 2 * q] * sw;
@@ -126,8 +188,7 @@ __device__ __forceinline__ void consume_chunk(SharedStorage& s, PipelineState& p
     }
     // Every lane's shared-memory reads of this stage (wgmma operands, scales) are done: free it.
     __syncwarp();
-    if (lane == 0) ptx::mbar_arrive(&s.empty[ps.stage]);
-    ps.advance();
+    if (lane == 0) ptx::mbar_arrive(&s.empty[stage]);
 #pragma unroll
     for (int j = 0; j < kRegs / 4; ++j) {
       final_acc[4 * j + 0] += acc[4 * j + 0] * sa[2 * j];
@@ -135,7 +196,40 @@ __device__ __forceinline__ void consume_chunk(SharedStorage& s, PipelineState& p
       final_acc[4 * j + 2] += acc[4 * j + 2] * sa[2 * j];
       final_acc[4 * j + 3] += acc[4 * j + 3] * sa[2 * j + 1];
     }
+  };
+  using Drain = std::integral_constant<int, 0>;
+  using KeepOne = std::integral_constant<int, 1>;
+
+  // Unrolled by two so each accumulator is a compile-time choice (register arrays stay registers).
+  int kb = unit.kb_begin;
+  PipelineState cur = ps;
+  issue(acc0, cur.stage, cur.phase);
+  while (true) {
+    PipelineState next = cur;
+    next.advance();
+    if (kb + 1 < unit.kb_end) {
+      issue(acc1, next.stage, next.phase);
+      promote(acc0, cur.stage, kb, KeepOne{});
+    } else {
+      promote(acc0, cur.stage, kb, Drain{});
+      cur = next;
+      break;
+    }
+    ++kb;
+    cur = next;
+    next.advance();
+    if (kb + 1 < unit.kb_end) {
+      issue(acc0, next.stage, next.phase);
+      promote(acc1, cur.stage, kb, KeepOne{});
+    } else {
+      promote(acc1, cur.stage, kb, Drain{});
+      cur = next;
+      break;
+    }
+    ++kb;
+    cur = next;
   }
+  ps = cur;
 
   // Epilogue: stage 32 token columns x 64 weight rows through shared memory so each thread then
   // owns 4 consecutive outputs of one token row (one 16-byte vector reduction or store).
@@ -179,8 +273,6 @@ __global__ void __launch_bounds__(kThreads, 1)
     gemm_fp8_block_kernel(const __grid_constant__ TensorMaps maps, const KernelArgs a) {
   extern __shared__ uint8_t smem_raw[];
   SharedStorage& s = *reinterpret_cast<SharedStorage*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
-  const int units = a.experts * a.nblocks;
-
   if (threadIdx.x == 0) {
     for (int i = 0; i < kStages; ++i) {
       ptx::mbar_init(&s.full[i], 1);
@@ -190,8 +282,8 @@ __global__ void __launch_bounds__(kThreads, 1)
     ptx::prefetch_tensormap(&maps.w);
     // The weights do not depend on earlier kernels: start pulling this CTA's first tile into L2
     // while the routing, dispatch and quantisation kernels finish.
-    if (a.prefetch && int(blockIdx.x) < units) {
-      const int e = blockIdx.x / a.nblocks, nb = blockIdx.x % a.nblocks;
+    if (a.dense && a.prefetch && int(blockIdx.x) < a.experts * a.nblocks * a.split_k) {
+      const int e = blockIdx.x / (a.nblocks * a.split_k), nb = blockIdx.x / a.split_k % a.nblocks;
       const int rows = min(kBlockM, a.n - nb * kBlockM);
       const uint8_t* base = a.weights + (int64_t(e) * a.n + nb * kBlockM) * a.k;
       const int64_t bytes = int64_t(rows) * a.k;
@@ -202,6 +294,8 @@ __global__ void __launch_bounds__(kThreads, 1)
   __syncthreads();
   // Everything below reads what the dispatch and quantisation kernels wrote.
   ptx::pdl_wait();
+  if (!a.dense) build_hit_list(s, a);
+  const int units = unit_count(s, a);
 
   const int warpgroup = threadIdx.x / 128;
   if (warpgroup == 0) {
@@ -209,14 +303,15 @@ __global__ void __launch_bounds__(kThreads, 1)
     if (threadIdx.x == 0) {
       PipelineState ps;
       for (int u = blockIdx.x; u < units; u += gridDim.x) {
-        const int e = u / a.nblocks, nb = u % a.nblocks;
+        const Unit unit = decode_unit(s, a, u);
+        const int e = unit.expert, nb = unit.nb;
         const int row_begin = __ldg(a.offsets + e), rows = __ldg(a.offsets + e + 1) - row_begin;
         for (int chunk = 0; chunk < rows; chunk += kMaxChunk) {
           const int wi = width_index(min(kMaxChunk, rows - chunk));
           const int width = 16 << wi;
           const uint32_t bytes = kWTileBytes + width * kBlockK + (width + kScaleAlign) * 4;
           const int scale_row = (row_begin + chunk) / kScaleAlign * kScaleAlign;
-          for (int kb = 0; kb < a.kblocks; ++kb) {
+          for (int kb = unit.kb_begin; kb < unit.kb_end; ++kb) {
             ptx::mbar_wait(&s.empty[ps.stage], ps.phase ^ 1);
             ptx::mbar_arrive_expect_tx(&s.full[ps.stage], bytes);
             ptx::tma_load_2d(s.w[ps.stage], &maps.w, kb * kBlockK, e * a.n + nb * kBlockM, &s.full[ps.stage]);
@@ -232,15 +327,15 @@ __global__ void __launch_bounds__(kThreads, 1)
     const int consumer = warpgroup - 1;
     PipelineState ps;
     for (int u = blockIdx.x; u < units; u += gridDim.x) {
-      const int e = u / a.nblocks, nb = u % a.nblocks;
-      const int row_begin = __ldg(a.offsets + e), rows = __ldg(a.offsets + e + 1) - row_begin;
+      const Unit unit = decode_unit(s, a, u);
+      const int row_begin = __ldg(a.offsets + unit.expert), rows = __ldg(a.offsets + unit.expert + 1) - row_begin;
       for (int chunk = 0; chunk < rows; chunk += kMaxChunk) {
         const int chunk_rows = min(kMaxChunk, rows - chunk);
         switch (width_index(chunk_rows)) {
-          case 0: consume_chunk<16>(s, ps, a, e, nb, row_begin + chunk, chunk_rows, consumer); break;
-          case 1: consume_chunk<32>(s, ps, a, e, nb, row_begin + chunk, chunk_rows, consumer); break;
-          case 2: consume_chunk<64>(s, ps, a, e, nb, row_begin + chunk, chunk_rows, consumer); break;
-          default: consume_chunk<128>(s, ps, a, e, nb, row_begin + chunk, chunk_rows, consumer); break;
+          case 0: consume_chunk<16>(s, ps, a, unit, row_begin + chunk, chunk_rows, consumer); break;
+          case 1: consume_chunk<32>(s, ps, a, unit, row_begin + chunk, chunk_rows, consumer); break;
+          case 2: consume_chunk<64>(s, ps, a, unit, row_begin + chunk, chunk_rows, consumer); break;
+          default: consume_chunk<128>(s, ps, a, unit, row_begin + chunk, chunk_rows, consumer); break;
         }
       }
     }
@@ -251,17 +346,31 @@ __global__ void __launch_bounds__(kThreads, 1)
 }  // namespace
 
 std::string GemmFp8Config::str() const {
-  return "fp8 grouped GEMM: 128 weight rows x {16..128} token chunk per unit, " + std::to_string(stages) +
-         " TMA stages, persistent grid, " + (prefetch ? "L2 prefetch before PDL wait" : "no prefetch");
+  return "fp8 grouped GEMM: units of 128 weight rows x all of an expert's rows in {16..128}-wide chunks, " +
+         std::to_string(stages) + " TMA stages, persistent grid, " +
+         (dense ? std::string("dense unit walk") + (prefetch ? " + L2 prefetch before the PDL wait" : "")
+                : std::string("compact unit walk over experts with rows")) +
+         (split_k > 1 ? ", split-K " + std::to_string(split_k) : "");
 }
 
-GemmFp8Config choose_gemm_fp8_config(int64_t routes, int64_t experts, const DeviceInfo& device) {
-  // One configuration serves decode and prefill for now: the chunk width adapts per expert at run
-  // time, and 6 stages keep 96 KiB of weights in flight per SM, well above what HBM latency needs.
+GemmFp8Config choose_gemm_fp8_config(int64_t tokens, int64_t topk, int64_t experts, int64_t n, int64_t k,
+                                     bool deterministic, const DeviceInfo& device) {
   GemmFp8Config c;
-  c.stages = kStages;
-  c.max_width = kMaxChunk;
-  c.prefetch = true;
+  c.stages = kStages;       // 6 x 16 KiB of weights in flight per SM: well above what HBM latency needs
+  c.max_width = kMaxChunk;  // the chunk width adapts per expert at run time
+  // Expected experts with rows under uniform routing: E (1 - (1 - k/E)^T).
+  const double hit = double(experts) * (1.0 - std::pow(1.0 - double(topk) / double(experts), double(tokens)));
+  // Dense walk and prefetch pay when nearly every expert has rows (a prefetched tile is then
+  // almost surely used); otherwise they would pull unused weights through HBM.
+  c.dense = hit >= 0.9 * double(experts);
+  c.prefetch = c.dense;
+  // Few experts with rows leave SMs idle: split K until there are ~2 units per SM (atomic combine
+  // only; a split needs its partial sums added).
+  const int64_t nblocks = (n + kBlockM - 1) / kBlockM, kblocks = (k + kBlockK - 1) / kBlockK;
+  const double units = std::max(1.0, hit) * double(nblocks);
+  c.split_k = 1;
+  if (!deterministic && units < 2.0 * device.sm_count)
+    c.split_k = int(std::clamp<int64_t>(int64_t(std::ceil(2.0 * device.sm_count / units)), 1, std::min<int64_t>(8, kblocks)));
   return c;
 }
 
@@ -273,7 +382,11 @@ void launch_gemm_fp8(const GemmFp8Params& p, const GemmFp8Config& cfg, const Dev
   if (int64_t(p.experts) * p.n >= (int64_t(1) << 31) || p.padded_rows >= (int64_t(1) << 31) || p.padded_rows % 4)
     throw Error("fp8 GEMM: sizes exceed the kernel's 32-bit coordinates");
   if (cfg.stages != kStages || cfg.max_width != kMaxChunk) throw Error("fp8 GEMM: config not instantiated: " + cfg.str());
+  if (p.experts > kMaxHitExperts) throw Error("fp8 GEMM: at most " + std::to_string(kMaxHitExperts) + " experts");
+  if (cfg.split_k > 1 && p.combine != CombineMode::atomic) throw Error("fp8 GEMM: split-K needs the atomic combine");
   const int nblocks = int((p.n + kBlockM - 1) / kBlockM), kblocks = int((p.k + kBlockK - 1) / kBlockK);
+  const int split = std::max(1, std::min(cfg.split_k, kblocks));
+  const int kb_per_split = (kblocks + split - 1) / split;
   TensorMaps maps;
   maps.w = make_tensor_map_2d(p.weights, CU_TENSOR_MAP_DATA_TYPE_UINT8, 1, uint64_t(p.experts) * p.n, p.k, p.k,
                               kBlockM, kBlockK, TmaSwizzle::b128);
@@ -283,15 +396,30 @@ void launch_gemm_fp8(const GemmFp8Params& p, const GemmFp8Config& cfg, const Dev
     maps.xs[i] = make_tensor_map_2d(p.a_scales, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 4, kblocks, p.padded_rows,
                                     p.padded_rows * 4, 1, (16 << i) + kScaleAlign, TmaSwizzle::none);
   }
-  KernelArgs a{p.weights, p.weight_scales, p.offsets, p.row_token, p.row_weight, p.out, p.experts, p.n, p.k,
-               nblocks,   kblocks,         p.combine == CombineMode::atomic ? 1 : 0, cfg.prefetch ? 1 : 0};
+  KernelArgs a{p.weights,
+               p.weight_scales,
+               p.offsets,
+               p.row_token,
+               p.row_weight,
+               p.out,
+               p.experts,
+               p.n,
+               p.k,
+               nblocks,
+               kblocks,
+               p.combine == CombineMode::atomic ? 1 : 0,
+               cfg.prefetch ? 1 : 0,
+               cfg.dense ? 1 : 0,
+               (kblocks + kb_per_split - 1) / kb_per_split,
+               kb_per_split};
   const size_t smem = sizeof(SharedStorage) + 1024;  // + alignment slack for the 1024-byte base
   static bool configured = false;
   if (!configured) {
     LOOM_CUDA_CHECK(cudaFuncSetAttribute(gemm_fp8_block_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
     configured = true;
   }
-  const int units = p.experts * nblocks;
+  // Persistent grid: one CTA per SM (at most one unit per CTA when there are fewer units).
+  const int units = p.experts * nblocks * a.split_k;
   const int grid = std::max(1, std::min(units, device.sm_count));
   launch_kernel(gemm_fp8_block_kernel, dim3(grid), dim3(kThreads), smem, stream, pdl, maps, a);
 }

@@ -28,14 +28,21 @@ namespace loom {
 enum class CombineMode { atomic, store };
 
 struct GemmFp8Config {
-  int stages = 8;        // TMA pipeline depth (weight tile 16 KiB + activation tile per stage)
+  int stages = 6;        // TMA pipeline depth (weight tile 16 KiB + activation tile per stage)
   int max_width = 128;   // widest token chunk (the MMA's N)
-  bool prefetch = true;  // L2 prefetch of the first unit's weights before waiting on the predecessor
+  // dense: units walk all E experts (empty ones skipped), so a CTA knows its first unit before the
+  // routing exists and can prefetch its weights into L2 ahead of the PDL wait. compact: units walk
+  // only the experts with rows (found after the wait), spread evenly over the grid.
+  bool dense = true;
+  bool prefetch = true;  // dense only
+  int split_k = 1;       // K ranges per (expert, 128 rows); > 1 only with the atomic combine
   std::string str() const;
 };
 
-// The config for a shape; every field is printable and justified in the implementation.
-GemmFp8Config choose_gemm_fp8_config(int64_t routes, int64_t experts, const DeviceInfo& device);
+// The config for a run of `tokens` tokens; every choice is printable and justified in the
+// implementation. deterministic: the combine must not depend on atomics (no split-K).
+GemmFp8Config choose_gemm_fp8_config(int64_t tokens, int64_t topk, int64_t experts, int64_t n, int64_t k,
+                                     bool deterministic, const DeviceInfo& device);
 
 struct GemmFp8Params {
   const uint8_t* weights = nullptr;        // [E, N, K] e4m3, K-major

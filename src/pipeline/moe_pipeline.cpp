@@ -7,6 +7,7 @@
 #include "common/cuda_check.hpp"
 #include "common/device_info.hpp"
 #include "dispatch/dispatch_sm90.cuh"
+#include "dispatch/route_dispatch_small_sm90.cuh"
 #include "gemm/combine_rows_sm90.cuh"
 #include "gemm/gemm_fp8_block_sm90.cuh"
 #include "loom/loom.hpp"
@@ -57,7 +58,7 @@ Plan plan(const Shape& s, const Routing& r, const Options& o) {
   p.sm_count = dev->sm_count;
   p.l2_bytes = dev->l2_bytes;
   p.device_name = dev->name;
-  p.gemm_config = choose_gemm_fp8_config(s.routes(), s.experts, *dev).str();
+  p.gemm_config = choose_gemm_fp8_config(s.tokens, s.topk, s.experts, s.inter, s.hidden, o.deterministic, *dev).str();
 
   const int64_t T = s.tokens, R = s.routes(), Rp = padded_rows(R), K = s.hidden, N = s.inter;
   size_t c = 0;
@@ -84,8 +85,8 @@ std::string describe(const Plan& p) {
   o << "shape: " << describe(p.shape) << " (tokens = most per run)\n"
     << "routing: " << describe(p.routing) << "\n"
     << "device: " << p.device_name << ", " << p.sm_count << " SMs, L2 " << (p.l2_bytes >> 20) << " MiB\n"
-    << "kernels: route (warp per token) -> dispatch (1 CTA: counts, scan, stable rows) -> quantise+gather (1x128, "
-       "bit-exact) -> "
+    << "kernels: route (warp per token) -> dispatch (counts, scan, stable rows; fused with routing in one CTA for "
+       "softmax batches of <= " << kSmallBatchMaxRoutes << " routes) -> quantise+gather (1x128, bit-exact) -> "
     << p.gemm_config << "\n"
     << "combine: "
     << (p.options.deterministic ? "deterministic (row stores + slot-order sum, no float atomics)"
@@ -95,6 +96,11 @@ std::string describe(const Plan& p) {
     << (p.options.debug_checks ? ", debug checks after each run" : "") << "\n"
     << "workspace: " << p.layout.total << " bytes\n";
   return o.str();
+}
+
+bool fused_route_dispatch(const Plan& p, int64_t tokens, bool from_logits) {
+  return from_logits && p.options.fuse_small_batch &&
+         route_dispatch_small_fits(int(tokens), int(p.shape.topk), int(p.shape.experts), p.routing);
 }
 
 void run(const Plan& p, const Weights& w, const Inputs& in, void* output, void* workspace, cudaStream_t stream) {
@@ -122,9 +128,12 @@ void run_stages(const Plan& p, const Weights& w, const Inputs& in, void* output,
   float* topk_weights = from_logits ? at<float>(workspace, L.topk_weights) : const_cast<float*>(in.topk_weights);
   LayerStatus* status = at<LayerStatus>(workspace, L.status);
 
-  const bool glue = stages == Stages::all;
-  if (from_logits && glue) {
-    RouteTopkParams rp;
+  const bool all = stages == Stages::all, glue = all || stages == Stages::glue_only;
+  const bool do_route = glue || stages == Stages::route_only, do_dispatch = glue || stages == Stages::dispatch_only;
+  const bool do_quant = glue || stages == Stages::quant_only, do_gemm = all || stages == Stages::gemm_only;
+  const bool fused = fused_route_dispatch(p, T, from_logits);
+  RouteTopkParams rp;
+  if (from_logits) {
     rp.logits = in.router_logits;
     rp.bias = in.expert_bias;
     rp.topk_ids = topk_ids;
@@ -134,7 +143,7 @@ void run_stages(const Plan& p, const Weights& w, const Inputs& in, void* output,
     rp.experts = E;
     rp.topk = k;
     rp.routing = p.routing;
-    launch_route_topk(rp, stream, pdl);
+    if (do_route && !fused) launch_route_topk(rp, stream, pdl);
   }
 
   DispatchParams dp;
@@ -149,7 +158,11 @@ void run_stages(const Plan& p, const Weights& w, const Inputs& in, void* output,
   dp.row_token = at<int32_t>(workspace, L.row_token);
   dp.row_weight = at<float>(workspace, L.row_weight);
   dp.status = status;
-  if (glue) launch_dispatch(dp, stream, pdl);
+  if (fused) {
+    if (do_route) launch_route_dispatch_small(rp, dp, stream, pdl);  // "route" stands for both when fused
+  } else if (do_dispatch) {
+    launch_dispatch(dp, stream, pdl);
+  }
 
   QuantGatherParams qp;
   qp.hidden = static_cast<const uint16_t*>(in.hidden);
@@ -163,7 +176,7 @@ void run_stages(const Plan& p, const Weights& w, const Inputs& in, void* output,
   // The fast combine accumulates into the output: clear it here, ordered before the GEMM.
   qp.zero_out = p.options.deterministic ? nullptr : static_cast<float*>(output);
   qp.zero_cols = s.inter;
-  if (glue) launch_quant_gather(qp, stream, pdl);
+  if (do_quant) launch_quant_gather(qp, stream, pdl);
 
   DeviceInfo dev;  // what the launchers need, fixed at plan time (no device query per run)
   dev.sm_count = p.sm_count;
@@ -182,11 +195,11 @@ void run_stages(const Plan& p, const Weights& w, const Inputs& in, void* output,
   gp.k = int(s.hidden);
   gp.padded_rows = Rp;
   gp.combine = p.options.deterministic ? CombineMode::store : CombineMode::atomic;
-  GemmFp8Config gc = choose_gemm_fp8_config(R, E, dev);
-  gc.prefetch = p.options.prefetch_weights;
-  launch_gemm_fp8(gp, gc, dev, stream, pdl);
+  GemmFp8Config gc = choose_gemm_fp8_config(T, k, E, s.inter, s.hidden, p.options.deterministic, dev);
+  gc.prefetch = gc.prefetch && p.options.prefetch_weights;
+  if (do_gemm) launch_gemm_fp8(gp, gc, dev, stream, pdl);
 
-  if (p.options.deterministic && glue) {
+  if (p.options.deterministic && all) {
     CombineRowsParams cp;
     cp.y = gp.out;
     cp.route_row = dp.route_row;

@@ -7,9 +7,16 @@
 namespace loom {
 
 enum class Stages {
-  all,        // the whole layer (what run() does)
-  gemm_only,  // just the grouped GEMM, on the routing, layout and activations a full run left
+  all,            // the whole layer (what run() does)
+  gemm_only,      // just the grouped GEMM, on the routing, layout and activations a full run left
+  route_only,     // single glue kernels, likewise on a prepared workspace
+  dispatch_only,
+  quant_only,
+  glue_only,      // route -> dispatch -> quantise, without the GEMM
 };
+
+// Whether a run of `tokens` tokens from router logits uses the fused route+dispatch kernel.
+bool fused_route_dispatch(const Plan& p, int64_t tokens, bool from_logits);
 
 void run_stages(const Plan& p, const Weights& w, const Inputs& in, void* output, void* workspace, cudaStream_t stream,
                 Stages stages);

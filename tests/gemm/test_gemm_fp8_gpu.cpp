@@ -94,9 +94,26 @@ void run_case(const GemmCase& c, CombineMode mode, uint64_t seed) {
   p.padded_rows = Rp;
   p.combine = mode;
   const DeviceInfo dev = *query_device();
-  launch_gemm_fp8(p, choose_gemm_fp8_config(R, s.experts, dev), dev, nullptr, false);
+  launch_gemm_fp8(p, choose_gemm_fp8_config(s.tokens, s.topk, s.experts, N, K, mode == CombineMode::store, dev), dev,
+                  nullptr, false);
   LOOM_CUDA_CHECK(cudaDeviceSynchronize());
-  const std::vector<float> got = dout.to_host<float>();
+  std::vector<float> got = dout.to_host<float>();
+  // Every unit walk (dense / compact) and split-K setting computes the same product.
+  if (mode == CombineMode::atomic) {
+    for (const auto& [dense, split] : {std::pair{true, 1}, std::pair{false, 1}, std::pair{false, 3}}) {
+      GemmFp8Config cfg = choose_gemm_fp8_config(s.tokens, s.topk, s.experts, N, K, false, dev);
+      cfg.dense = dense;
+      cfg.prefetch = dense;
+      cfg.split_k = split;
+      LOOM_CUDA_CHECK(cudaMemset(dout.get(), 0, dout.bytes()));
+      launch_gemm_fp8(p, cfg, dev, nullptr, false);
+      LOOM_CUDA_CHECK(cudaDeviceSynchronize());
+      const std::vector<float> again = dout.to_host<float>();
+      std::vector<double> base(got.begin(), got.end());
+      const ErrorStats e = relative_error(again.data(), base.data(), s.tokens, N);
+      EXPECT_LE(e.overall, 1e-5) << cfg.str();
+    }
+  }
 
   if (mode == CombineMode::atomic) {
     std::vector<double> ref(size_t(s.tokens * N));

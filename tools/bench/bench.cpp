@@ -132,7 +132,8 @@ void measure_gpu(const BenchOptions& opt, const Plan& plan, const Shape& s, cons
   };
 
   // Correctness first: the timed configuration, poisoned output, compared with the reference.
-  LOOM_CUDA_CHECK(cudaMemset(d_out.get(), 0xff, d_out.bytes()));  // NaN poison
+  // NaN poison, on the timing stream (a non-blocking stream does not order against cudaMemset).
+  LOOM_CUDA_CHECK(cudaMemsetAsync(d_out.get(), 0xff, d_out.bytes(), timer.stream()));
   run(plan, weights_of(0), in, d_out.get(), d_ws.get(), timer.stream());
   LOOM_CUDA_CHECK(cudaStreamSynchronize(timer.stream()));
   const LayerStatus st = read_status(plan, d_ws.get(), timer.stream());
@@ -159,6 +160,21 @@ void measure_gpu(const BenchOptions& opt, const Plan& plan, const Shape& s, cons
   Timed t_gemm{"gemm", timer.time(gemm, cold.copies, cold.mode, topt), timer.time(gemm, 1, L2Mode::warm, topt)};
   r.gpu.push_back(t_e2e);
   r.gpu.push_back(t_gemm);
+  // Each glue kernel alone (on the workspace the runs above prepared), and the glue chain without
+  // the GEMM: where the end-to-end time beyond the GEMM goes.
+  TimerOptions brief = topt;
+  brief.reps = std::min(topt.reps, 200);
+  const bool fused = fused_route_dispatch(plan, s.tokens, from_logits);
+  for (const auto& [name, stages] : {std::pair{"route", Stages::route_only}, std::pair{"dispatch", Stages::dispatch_only},
+                                     std::pair{"quant", Stages::quant_only}, std::pair{"glue_chain", Stages::glue_only}}) {
+    if (stages == Stages::route_only && !from_logits) continue;
+    if (stages == Stages::dispatch_only && fused) continue;  // timed with routing, as "route+dispatch"
+    const std::string label = stages == Stages::route_only && fused ? "route+dispatch" : name;
+    auto f = [&, st3 = stages](cudaStream_t st2, int c) {
+      run_stages(plan, weights_of(c), in, d_out.get(), d_ws.get(), st2, st3);
+    };
+    r.gpu.push_back(Timed{label, timer.time(f, cold.copies, cold.mode, brief), Stats{}});
+  }
   log << "  loom e2e " << t_e2e.cold.median_us << " us (" << t_e2e.cold.l2 << "), GEMM alone " << t_gemm.cold.median_us
       << " us\n";
 }

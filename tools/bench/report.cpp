@@ -189,6 +189,12 @@ std::string to_table(const std::vector<Record>& records) {
         cell(r.check_overall >= 0, "%.1e", r.check_overall).c_str());
     o << line;
   }
+  for (const Record& r : records) {
+    std::string parts;
+    for (const char* name : {"route", "dispatch", "route+dispatch", "quant", "glue_chain"})
+      if (const Timed* t = r.find(name)) parts += std::string(parts.empty() ? "" : ", ") + name + " " + fmt("%.1f", t->cold.median_us);
+    if (!parts.empty()) o << "stages alone (T=" << r.shape.tokens << ", us): " << parts << "\n";
+  }
   for (const Record& r : records)
     if (!r.note.empty()) o << "note (T=" << r.shape.tokens << "): " << r.note << "\n";
   return o.str();

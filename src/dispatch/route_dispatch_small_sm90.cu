@@ -1,0 +1,154 @@
+#include "dispatch/route_dispatch_small_sm90.cuh"
+
+#include <string>
+
+#include "common/cuda_check.hpp"
+#include "common/launch.hpp"
+#include "ptx/pdl.cuh"
+#include "route/route_topk_device.cuh"
+
+namespace loom {
+
+namespace {
+
+constexpr int kThreads = 1024;
+constexpr int kWarps = kThreads / 32;
+constexpr int kSmallMaxExperts = 512;
+static_assert(kSmallBatchMaxRoutes % kThreads == 0, "routes are walked in whole CTA-wide steps");
+
+// Shared memory: per-warp per-expert counts (turned into per-warp cursors), expert totals and
+// offsets, and two counters. Dynamic: sized for the run's E.
+struct Layout {
+  static size_t bytes(int experts) { return size_t(kWarps + 2) * size_t(experts + 1) * 4 + 16; }
+};
+
+template <int V>
+__global__ void __launch_bounds__(kThreads, 1)
+    route_dispatch_small_kernel(const RouteTopkParams rp, const DispatchParams dp) {
+  extern __shared__ int32_t smem[];
+  const int E = dp.experts, k = dp.topk;
+  const int routes = dp.tokens * k;
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  int32_t* counts = smem;                        // [kWarps][E]: routes of warp w's range per expert
+  int32_t* totals = counts + kWarps * (E + 1);   // [E+1]: per expert, then offsets after the scan
+  int32_t* counters = totals + (E + 1);          // [0]: NaN tokens, [1]: dropped routes
+
+  for (int i = threadIdx.x; i < (kWarps + 1) * (E + 1) + 2; i += kThreads) counts[i] = 0;
+  // Everything below reads or writes memory the previous kernels of the chain may own.
+  ptx::pdl_wait();
+  ptx::pdl_launch_dependents();
+  __syncthreads();
+
+  // 1. Routing: warp w routes tokens w, w + 32, ...; ids and weights go to global memory and are
+  //    read back below by other threads of this CTA (ordered by the barrier).
+  int nan_tokens = 0;
+  for (int t = warp; t < rp.tokens; t += kWarps)
+    nan_tokens += route_detail::route_one_token<V, false, kWarps>(rp, t, lane, warp) ? 1 : 0;
+  if (lane == 0 && nan_tokens) atomicAdd(&counters[0], nan_tokens);
+  __syncthreads();
+
+  // 2. Counts: warp w owns the contiguous routes [w * per_warp, (w + 1) * per_warp).
+  const int per_warp = (routes + kWarps - 1) / kWarps;
+  const int begin = warp * per_warp, end = min(routes, begin + per_warp);
+  int dropped = 0;
+  for (int i = begin + lane; i < end; i += 32) {
+    const int32_t e = rp.topk_ids[i];
+    if (e >= 0 && e < E)
+      atomicAdd(&counts[warp * (E + 1) + e], 1);
+    else
+      ++dropped;
+  }
+  if (dropped) atomicAdd(&counters[1], dropped);
+  __syncthreads();
+
+  // 3. Per expert: exclusive scan over warps (warp cursors) and the expert's total.
+  for (int e = threadIdx.x; e < E; e += kThreads) {
+    int run = 0;
+    for (int w = 0; w < kWarps; ++w) {
+      const int c = counts[w * (E + 1) + e];
+      counts[w * (E + 1) + e] = run;
+      run += c;
+    }
+    totals[e] = run;
+  }
+  __syncthreads();
+  // Exclusive scan of the totals over experts (warp 0, 32 experts per step).
+  if (warp == 0) {
+    int base = 0;
+    for (int e0 = 0; e0 < E; e0 += 32) {
+      const int e = e0 + lane;
+      const int v = e < E ? totals[e] : 0;
+      int incl = v;
+#pragma unroll
+      for (int d = 1; d < 32; d *= 2) {
+        const int n = __shfl_up_sync(0xffffffffu, incl, d);
+        if (lane >= d) incl += n;
+      }
+      if (e < E) totals[e] = base + incl - v;
+      base += __shfl_sync(0xffffffffu, incl, 31);
+    }
+    if (lane == 0) totals[E] = base;
+  }
+  __syncthreads();
+
+  // 4. Stable rows: each warp walks its routes in order, 32 at a time; lanes with the same expert
+  //    rank among themselves (match_any), the group's leader advances the warp's cursor.
+  for (int i0 = begin; i0 < end; i0 += 32) {
+    const int i = i0 + lane;
+    const bool active = i < end;
+    const int32_t e = active ? rp.topk_ids[i] : -1;
+    const bool valid = active && e >= 0 && e < E;
+    const unsigned same = __match_any_sync(0xffffffffu, valid ? e : -1);
+    if (valid) {
+      const int rank = __popc(same & ((1u << lane) - 1));
+      const int row = totals[e] + counts[warp * (E + 1) + e] + rank;
+      dp.route_row[i] = row;
+      dp.row_token[row] = i / k;
+      dp.row_weight[row] = rp.topk_weights[i];
+    } else if (active) {
+      dp.route_row[i] = -1;
+    }
+    __syncwarp();
+    // The lowest lane of each group moves the cursor past the group (after every lane read it).
+    if (valid && (same & ((1u << lane) - 1)) == 0) counts[warp * (E + 1) + e] += __popc(same);
+    __syncwarp();
+  }
+
+  for (int e = threadIdx.x; e <= E; e += kThreads) dp.offsets[e] = totals[e];
+  if (threadIdx.x == 0) {
+    LayerStatus st;
+    st.nan_tokens = uint32_t(counters[0]);
+    st.dropped_routes = uint32_t(counters[1]);
+    *dp.status = st;
+  }
+}
+
+}  // namespace
+
+bool route_dispatch_small_fits(int tokens, int topk, int experts, const Routing& routing) {
+  return routing.scoring == Scoring::softmax && experts <= kSmallMaxExperts && int64_t(tokens) * topk <= kSmallBatchMaxRoutes;
+}
+
+void launch_route_dispatch_small(const RouteTopkParams& rp, const DispatchParams& dp, cudaStream_t stream, bool pdl) {
+  if (!route_dispatch_small_fits(rp.tokens, rp.topk, rp.experts, rp.routing))
+    throw Error("route_dispatch_small: batch outside the fused kernel's range");
+  if (dp.tokens != rp.tokens || dp.topk != rp.topk || dp.experts != rp.experts)
+    throw Error("route_dispatch_small: route and dispatch shapes differ");
+  if (rp.tokens == 0) return;
+  const size_t smem = Layout::bytes(rp.experts);
+  int slots = 1;  // per lane: ceil(E / 32) rounded up to a power of two, as the routing kernel
+  while (slots * 32 < rp.experts) slots *= 2;
+  auto launch = [&](auto kernel) {
+    LOOM_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
+    launch_kernel(kernel, dim3(1), dim3(kThreads), smem, stream, pdl, rp, dp);
+  };
+  switch (slots) {
+    case 1: launch(route_dispatch_small_kernel<1>); break;
+    case 2: launch(route_dispatch_small_kernel<2>); break;
+    case 4: launch(route_dispatch_small_kernel<4>); break;
+    case 8: launch(route_dispatch_small_kernel<8>); break;
+    default: launch(route_dispatch_small_kernel<16>); break;
+  }
+}
+
+}  // namespace loom

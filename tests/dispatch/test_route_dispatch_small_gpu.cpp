@@ -1,0 +1,132 @@
+// The fused small-batch route+dispatch kernel writes exactly what the routing kernel followed by
+// the dispatch kernel write (and so what route_ref + dispatch_ref compute).
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+
+#include "bench/device_buffer.hpp"
+#include "common/rng.hpp"
+#include "dispatch/dispatch_ref.hpp"
+#include "dispatch/route_dispatch_small_sm90.cuh"
+#include "gpu_test.hpp"
+#include "route/route_ref.hpp"
+#include "test_seed.hpp"
+
+namespace loom {
+namespace {
+
+using bench::DeviceBuffer;
+
+struct Outputs {
+  std::vector<int32_t> ids, offsets, route_row, row_token;
+  std::vector<float> weights, row_weight;
+  std::vector<uint8_t> flags;
+  LayerStatus status;
+};
+
+Outputs run(bool fused, const std::vector<float>& logits, int T, int E, int k, const Routing& routing) {
+  const int R = T * k;
+  DeviceBuffer dl = DeviceBuffer::from(logits);
+  DeviceBuffer ids(size_t(R) * 4), wts(size_t(R) * 4), flags{size_t(T)}, off(size_t(E + 1) * 4), rr(size_t(R) * 4),
+      rt(size_t(R) * 4), rw(size_t(R) * 4), st(sizeof(LayerStatus));
+  for (DeviceBuffer* b : {&ids, &wts, &flags, &off, &rr, &rt, &rw, &st}) LOOM_CUDA_CHECK(cudaMemset(b->get(), 0xab, b->bytes()));
+  RouteTopkParams rp;
+  rp.logits = dl.as<float>();
+  rp.topk_ids = ids.as<int32_t>();
+  rp.topk_weights = wts.as<float>();
+  rp.nan_flags = flags.as<uint8_t>();
+  rp.tokens = T;
+  rp.experts = E;
+  rp.topk = k;
+  rp.routing = routing;
+  DispatchParams dp;
+  dp.topk_ids = rp.topk_ids;
+  dp.topk_weights = rp.topk_weights;
+  dp.nan_flags = rp.nan_flags;
+  dp.tokens = T;
+  dp.topk = k;
+  dp.experts = E;
+  dp.offsets = off.as<int32_t>();
+  dp.route_row = rr.as<int32_t>();
+  dp.row_token = rt.as<int32_t>();
+  dp.row_weight = rw.as<float>();
+  dp.status = st.as<LayerStatus>();
+  if (fused) {
+    launch_route_dispatch_small(rp, dp, nullptr, true);
+  } else {
+    launch_route_topk(rp, nullptr, true);
+    launch_dispatch(dp, nullptr, true);
+  }
+  LOOM_CUDA_CHECK(cudaDeviceSynchronize());
+  Outputs o;
+  o.ids = ids.to_host<int32_t>();
+  o.weights = wts.to_host<float>();
+  o.flags = flags.to_host<uint8_t>();
+  o.offsets = off.to_host<int32_t>();
+  o.route_row = rr.to_host<int32_t>();
+  o.row_token = rt.to_host<int32_t>();
+  o.row_weight = rw.to_host<float>();
+  LOOM_CUDA_CHECK(cudaMemcpy(&o.status, st.get(), sizeof o.status, cudaMemcpyDeviceToHost));
+  return o;
+}
+
+TEST(RouteDispatchSmallGpu, MatchesRouteThenDispatchBitForBit) {
+  LOOM_REQUIRE_GPU();
+  LOOM_FRESH_SEED();
+  Rng rng(seed);
+  struct Shape3 {
+    int T, E, k;
+  };
+  for (const Shape3 c : {Shape3{1, 8, 1}, Shape3{3, 64, 2}, Shape3{17, 512, 16}, Shape3{128, 256, 8},
+                         Shape3{256, 64, 8}, Shape3{100, 8, 8}, Shape3{2048, 16, 1}, Shape3{33, 500, 7}}) {
+    for (int variant = 0; variant < 3; ++variant) {
+      SCOPED_TRACE(testing::Message() << "T=" << c.T << " E=" << c.E << " k=" << c.k << " variant " << variant);
+      Routing routing;
+      routing.softcap = variant == 1 ? 30.0f : 0.0f;
+      routing.renormalize = variant != 2;
+      routing.scale = variant == 2 ? 2.5f : 1.0f;
+      std::vector<float> logits(size_t(c.T) * c.E);
+      for (auto& x : logits) x = float(rng.normal());
+      // Some NaN logits, a token of all NaN, exact ties.
+      if (c.T > 2) {
+        logits[size_t(c.E + 1)] = NAN;
+        for (int e = 0; e < c.E; ++e) logits[size_t(2 * c.E + e)] = NAN;
+      }
+      if (c.E > 4) logits[3] = logits[4];
+      ASSERT_TRUE(route_dispatch_small_fits(c.T, c.k, c.E, routing));
+      const Outputs fused = run(true, logits, c.T, c.E, c.k, routing);
+      const Outputs split = run(false, logits, c.T, c.E, c.k, routing);
+      EXPECT_EQ(fused.ids, split.ids);
+      EXPECT_EQ(std::memcmp(fused.weights.data(), split.weights.data(), fused.weights.size() * 4), 0);
+      EXPECT_EQ(fused.flags, split.flags);
+      EXPECT_EQ(fused.offsets, split.offsets);
+      EXPECT_EQ(fused.route_row, split.route_row);
+      const int rows = split.offsets.back();
+      EXPECT_TRUE(std::equal(fused.row_token.begin(), fused.row_token.begin() + rows, split.row_token.begin()));
+      EXPECT_EQ(std::memcmp(fused.row_weight.data(), split.row_weight.data(), size_t(rows) * 4), 0);
+      EXPECT_EQ(fused.status.nan_tokens, split.status.nan_tokens);
+      EXPECT_EQ(fused.status.dropped_routes, split.status.dropped_routes);
+      // And both equal the references.
+      const TopK ref = route_ref(logits.data(), c.T, c.E, c.k, routing);
+      EXPECT_EQ(fused.ids, ref.ids);
+      const Dispatch d = dispatch_ref(ref.ids.data(), c.T, c.k, c.E);
+      EXPECT_EQ(fused.offsets, d.offsets);
+      EXPECT_EQ(fused.route_row, d.route_row);
+      EXPECT_EQ(fused.status.nan_tokens, uint32_t(count_nan_tokens(logits.data(), c.T, c.E)));
+    }
+  }
+}
+
+TEST(RouteDispatchSmall, TakesOnlySmallSoftmaxBatches) {
+  Routing softmax, sigmoid;
+  sigmoid.scoring = Scoring::sigmoid;
+  EXPECT_TRUE(route_dispatch_small_fits(128, 8, 256, softmax));
+  EXPECT_TRUE(route_dispatch_small_fits(256, 8, 512, softmax));
+  EXPECT_FALSE(route_dispatch_small_fits(257, 8, 256, softmax));
+  EXPECT_FALSE(route_dispatch_small_fits(128, 8, 256, sigmoid));
+  EXPECT_FALSE(route_dispatch_small_fits(16, 8, 1024, softmax));
+}
+
+}  // namespace
+}  // namespace loom
