@@ -4,7 +4,6 @@
 
 #include <algorithm>
 #include <cmath>
-#include <type_traits>
 
 #include "common/cuda_check.hpp"
 #include "common/launch.hpp"
@@ -140,6 +139,52 @@ __device__ __forceinline__ void build_hit_list(SharedStorage& s, const KernelArg
   __syncthreads();
 }
 
+// Waits for a stage and issues its four k32 MMAs into `acc` (overwriting it: scale-d = 0 first).
+template <int W>
+__device__ __forceinline__ void issue_block(SharedStorage& s, float (&acc)[W / 2], uint32_t stage, uint32_t phase,
+                                            int consumer) {
+  ptx::mbar_wait(&s.full[stage], phase);
+  const uint64_t desc_a = ptx::smem_desc_k_major_sw128(&s.w[stage][consumer * 64 * kBlockK]);
+  const uint64_t desc_b = ptx::smem_desc_k_major_sw128(&s.x[stage][0]);
+#pragma unroll
+  for (int i = 0; i < W / 2; ++i) ptx::fence_operand(acc[i]);
+  ptx::wgmma_fence();
+#pragma unroll
+  for (int ks = 0; ks < kBlockK / 32; ++ks) {
+    // +32 bytes along K per k32 step = +2 in the descriptor's 16-byte address units.
+    ptx::WgmmaE4M3<W>::mma(acc, desc_a + 2 * ks, desc_b + 2 * ks, ks);
+  }
+  ptx::wgmma_commit_group();
+}
+
+// Once `acc`'s group is done (kPending newer groups may stay in flight): read the stage's
+// activation scales, release the stage, promote final += acc * weight_scale * activation_scale.
+template <int W, int kPending>
+__device__ __forceinline__ void promote_block(SharedStorage& s, float (&acc)[W / 2], float (&final_acc)[W / 2],
+                                              uint32_t stage, int row0, float sw) {
+  const int lane = threadIdx.x % 32, q = lane % 4;
+  ptx::wgmma_wait_group<kPending>();
+#pragma unroll
+  for (int i = 0; i < W / 2; ++i) ptx::fence_operand(acc[i]);
+  float sa[W / 4];
+  const float* xs = &s.xs[stage][row0 % kScaleAlign];  // the box began at row0 rounded down
+#pragma unroll
+  for (int j = 0; j < W / 8; ++j) {
+    sa[2 * j] = xs[8 * j + 2 * q] * sw;
+    sa[2 * j + 1] = xs[8 * j + 2 * q + 1] * sw;
+  }
+  // Every lane's shared-memory reads of this stage (wgmma operands, scales) are done: free it.
+  __syncwarp();
+  if (lane == 0) ptx::mbar_arrive(&s.empty[stage]);
+#pragma unroll
+  for (int j = 0; j < W / 8; ++j) {
+    final_acc[4 * j + 0] += acc[4 * j + 0] * sa[2 * j];
+    final_acc[4 * j + 1] += acc[4 * j + 1] * sa[2 * j + 1];
+    final_acc[4 * j + 2] += acc[4 * j + 2] * sa[2 * j];
+    final_acc[4 * j + 3] += acc[4 * j + 3] * sa[2 * j + 1];
+  }
+}
+
 // One chunk (up to W of an expert's rows against 128 weight rows) on one consumer warpgroup:
 // the K loop with per-block promotion, then the weighted epilogue.
 template <int W>
@@ -151,85 +196,56 @@ __device__ __forceinline__ void consume_chunk(SharedStorage& s, PipelineState& p
   const int lane = threadIdx.x % 32, warp_in_wg = (threadIdx.x / 32) % 4;
   const int g = lane / 4, q = lane % 4;
   float final_acc[kRegs];
-  // Two block accumulators: the MMAs of K block kb+1 run while block kb is promoted.
-  float acc0[kRegs], acc1[kRegs];
 #pragma unroll
-  for (int i = 0; i < kRegs; ++i) final_acc[i] = 0.0f, acc0[i] = 0.0f, acc1[i] = 0.0f;
+  for (int i = 0; i < kRegs; ++i) final_acc[i] = 0.0f;
   const float* wscale = a.weight_scales + (int64_t(e) * a.nblocks + nb) * a.kblocks;
 
-  // Waits for a stage and issues its four k32 MMAs into `acc` (overwriting it: scale-d = 0 first).
-  auto issue = [&](float(&acc)[kRegs], uint32_t stage, uint32_t phase) {
-    ptx::mbar_wait(&s.full[stage], phase);
-    const uint64_t desc_a = ptx::smem_desc_k_major_sw128(&s.w[stage][consumer * 64 * kBlockK]);
-    const uint64_t desc_b = ptx::smem_desc_k_major_sw128(&s.x[stage][0]);
+  if constexpr (W > 64) {
+    // Widest chunks: one block accumulator (three would not fit the consumers' registers).
+    float acc[kRegs];
 #pragma unroll
-    for (int i = 0; i < kRegs; ++i) ptx::fence_operand(acc[i]);
-    ptx::wgmma_fence();
-#pragma unroll
-    for (int ks = 0; ks < kBlockK / 32; ++ks) {
-      // +32 bytes along K per k32 step = +2 in the descriptor's 16-byte address units.
-      Mma::mma(acc, desc_a + 2 * ks, desc_b + 2 * ks, ks);
+    for (int i = 0; i < kRegs; ++i) acc[i] = 0.0f;
+    for (int kb = unit.kb_begin; kb < unit.kb_end; ++kb) {
+      issue_block<W>(s, acc, ps.stage, ps.phase, consumer);
+      promote_block<W, 0>(s, acc, final_acc, ps.stage, row0, __ldg(wscale + kb));
+      ps.advance();
     }
-    ptx::wgmma_commit_group();
-  };
-  // Once `acc`'s group is done (kPending groups may stay in flight): read the stage's scales,
-  // release the stage, promote final += acc * weight_scale * activation_scale.
-  auto promote = [&](float(&acc)[kRegs], uint32_t stage, int kb, auto pending) {
-    ptx::wgmma_wait_group<decltype(pending)::value>();
+  } else {
+    // Two block accumulators: the MMAs of K block kb+1 run while block kb is promoted. Unrolled by
+    // two so each accumulator is a compile-time choice (register arrays stay registers).
+    float acc0[kRegs], acc1[kRegs];
 #pragma unroll
-    for (int i = 0; i < kRegs; ++i) ptx::fence_operand(acc[i]);
-    const float sw = __ldg(wscale + kb);
-    float sa[kRegs / 2];
-    const float* xs = &s.xs[stage][row0 % kScaleAlign];  // the box began at row0 rounded down
-#pragma unroll
-    for (int j = 0; j < kRegs / 4; ++j) {
-      sa[2 * j] = xs[8 * j + 2 * q] * sw;
-      sa[2 * j + 1] = xs[8 * j + 2 * q + 1] * sw;
-    }
-    // Every lane's shared-memory reads of this stage (wgmma operands, scales) are done: free it.
-    __syncwarp();
-    if (lane == 0) ptx::mbar_arrive(&s.empty[stage]);
-#pragma unroll
-    for (int j = 0; j < kRegs / 4; ++j) {
-      final_acc[4 * j + 0] += acc[4 * j + 0] * sa[2 * j];
-      final_acc[4 * j + 1] += acc[4 * j + 1] * sa[2 * j + 1];
-      final_acc[4 * j + 2] += acc[4 * j + 2] * sa[2 * j];
-      final_acc[4 * j + 3] += acc[4 * j + 3] * sa[2 * j + 1];
-    }
-  };
-  using Drain = std::integral_constant<int, 0>;
-  using KeepOne = std::integral_constant<int, 1>;
-
-  // Unrolled by two so each accumulator is a compile-time choice (register arrays stay registers).
-  int kb = unit.kb_begin;
-  PipelineState cur = ps;
-  issue(acc0, cur.stage, cur.phase);
-  while (true) {
-    PipelineState next = cur;
-    next.advance();
-    if (kb + 1 < unit.kb_end) {
-      issue(acc1, next.stage, next.phase);
-      promote(acc0, cur.stage, kb, KeepOne{});
-    } else {
-      promote(acc0, cur.stage, kb, Drain{});
+    for (int i = 0; i < kRegs; ++i) acc0[i] = 0.0f, acc1[i] = 0.0f;
+    int kb = unit.kb_begin;
+    PipelineState cur = ps;
+    issue_block<W>(s, acc0, cur.stage, cur.phase, consumer);
+    while (true) {
+      PipelineState next = cur;
+      next.advance();
+      if (kb + 1 < unit.kb_end) {
+        issue_block<W>(s, acc1, next.stage, next.phase, consumer);
+        promote_block<W, 1>(s, acc0, final_acc, cur.stage, row0, __ldg(wscale + kb));
+      } else {
+        promote_block<W, 0>(s, acc0, final_acc, cur.stage, row0, __ldg(wscale + kb));
+        cur = next;
+        break;
+      }
+      ++kb;
       cur = next;
-      break;
-    }
-    ++kb;
-    cur = next;
-    next.advance();
-    if (kb + 1 < unit.kb_end) {
-      issue(acc0, next.stage, next.phase);
-      promote(acc1, cur.stage, kb, KeepOne{});
-    } else {
-      promote(acc1, cur.stage, kb, Drain{});
+      next.advance();
+      if (kb + 1 < unit.kb_end) {
+        issue_block<W>(s, acc0, next.stage, next.phase, consumer);
+        promote_block<W, 1>(s, acc1, final_acc, cur.stage, row0, __ldg(wscale + kb));
+      } else {
+        promote_block<W, 0>(s, acc1, final_acc, cur.stage, row0, __ldg(wscale + kb));
+        cur = next;
+        break;
+      }
+      ++kb;
       cur = next;
-      break;
     }
-    ++kb;
-    cur = next;
+    ps = cur;
   }
-  ps = cur;
 
   // Epilogue: stage 32 token columns x 64 weight rows through shared memory so each thread then
   // owns 4 consecutive outputs of one token row (one 16-byte vector reduction or store).
