@@ -14,7 +14,7 @@ namespace {
 constexpr int kThreads = 1024;
 constexpr int kWarps = kThreads / 32;
 constexpr int kSmallMaxExperts = 512;
-static_assert(kSmallBatchMaxRoutes % kThreads == 0, "routes are walked in whole CTA-wide steps");
+static_assert(kSmallBatchMaxTokens <= kWarps, "the fused kernel routes one token per warp");
 
 // Shared memory: per-warp per-expert counts (turned into per-warp cursors), expert totals and
 // offsets, and two counters. Dynamic: sized for the run's E.
@@ -22,7 +22,8 @@ struct Layout {
   static size_t bytes(int experts) { return size_t(kWarps + 2) * size_t(experts + 1) * 4 + 16; }
 };
 
-template <int V>
+// kRoute: route first (V slots per lane); else dispatch the top-k ids already in dp.
+template <bool kRoute, int V>
 __global__ void __launch_bounds__(kThreads, 1)
     route_dispatch_small_kernel(const RouteTopkParams rp, const DispatchParams dp) {
   extern __shared__ int32_t smem[];
@@ -39,12 +40,19 @@ __global__ void __launch_bounds__(kThreads, 1)
   ptx::pdl_launch_dependents();
   __syncthreads();
 
-  // 1. Routing: warp w routes tokens w, w + 32, ...; ids and weights go to global memory and are
-  //    read back below by other threads of this CTA (ordered by the barrier).
-  int nan_tokens = 0;
-  for (int t = warp; t < rp.tokens; t += kWarps)
-    nan_tokens += route_detail::route_one_token<V, false, kWarps>(rp, t, lane, warp) ? 1 : 0;
-  if (lane == 0 && nan_tokens) atomicAdd(&counters[0], nan_tokens);
+  // 1. Routing: warp w routes token w; ids and weights go to global memory and are read back below
+  //    by other threads of this CTA (ordered by the barrier). Without routing: count NaN flags.
+  const int32_t* ids = kRoute ? rp.topk_ids : dp.topk_ids;
+  const float* weights = kRoute ? rp.topk_weights : dp.topk_weights;
+  if constexpr (kRoute) {
+    if (warp < rp.tokens && route_detail::route_one_token<V, false, kWarps>(rp, warp, lane, warp) && lane == 0)
+      atomicAdd(&counters[0], 1);
+  } else if (dp.nan_flags) {
+    int nan_tokens = 0;
+    for (int t = threadIdx.x; t < dp.tokens; t += kThreads) nan_tokens += dp.nan_flags[t] != 0;
+    nan_tokens = __reduce_add_sync(0xffffffffu, nan_tokens);
+    if (lane == 0 && nan_tokens) atomicAdd(&counters[0], nan_tokens);
+  }
   __syncthreads();
 
   // 2. Counts: warp w owns the contiguous routes [w * per_warp, (w + 1) * per_warp).
@@ -52,7 +60,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int begin = warp * per_warp, end = min(routes, begin + per_warp);
   int dropped = 0;
   for (int i = begin + lane; i < end; i += 32) {
-    const int32_t e = rp.topk_ids[i];
+    const int32_t e = ids[i];
     if (e >= 0 && e < E)
       atomicAdd(&counts[warp * (E + 1) + e], 1);
     else
@@ -96,7 +104,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   for (int i0 = begin; i0 < end; i0 += 32) {
     const int i = i0 + lane;
     const bool active = i < end;
-    const int32_t e = active ? rp.topk_ids[i] : -1;
+    const int32_t e = active ? ids[i] : -1;
     const bool valid = active && e >= 0 && e < E;
     const unsigned same = __match_any_sync(0xffffffffu, valid ? e : -1);
     if (valid) {
@@ -104,7 +112,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       const int row = totals[e] + counts[warp * (E + 1) + e] + rank;
       dp.route_row[i] = row;
       dp.row_token[row] = i / k;
-      dp.row_weight[row] = rp.topk_weights[i];
+      dp.row_weight[row] = weights[i];
     } else if (active) {
       dp.route_row[i] = -1;
     }
@@ -126,7 +134,32 @@ __global__ void __launch_bounds__(kThreads, 1)
 }  // namespace
 
 bool route_dispatch_small_fits(int tokens, int topk, int experts, const Routing& routing) {
-  return routing.scoring == Scoring::softmax && experts <= kSmallMaxExperts && int64_t(tokens) * topk <= kSmallBatchMaxRoutes;
+  return routing.scoring == Scoring::softmax && experts <= kSmallMaxExperts && tokens <= kSmallBatchMaxTokens;
+}
+
+bool dispatch_small_fits(int tokens, int topk, int experts) {
+  return experts <= kSmallMaxExperts && int64_t(tokens) * topk <= kSmallBatchMaxRoutes;
+}
+
+namespace {
+template <bool kRoute, int V>
+void launch_one(const RouteTopkParams& rp, const DispatchParams& dp, cudaStream_t stream, bool pdl) {
+  const size_t smem = Layout::bytes(dp.experts);
+  LOOM_CUDA_CHECK(cudaFuncSetAttribute(route_dispatch_small_kernel<kRoute, V>,
+                                       cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
+  launch_kernel(route_dispatch_small_kernel<kRoute, V>, dim3(1), dim3(kThreads), smem, stream, pdl, rp, dp);
+}
+}  // namespace
+
+void launch_dispatch_small(const DispatchParams& dp, cudaStream_t stream, bool pdl) {
+  if (!dispatch_small_fits(dp.tokens, dp.topk, dp.experts))
+    throw Error("dispatch_small: batch outside the single-CTA kernel's range");
+  if (dp.tokens == 0) return;
+  if (!dp.topk_ids || !dp.topk_weights || !dp.offsets || !dp.route_row || !dp.row_token || !dp.row_weight || !dp.status)
+    throw Error("dispatch_small: null device pointer");
+  RouteTopkParams unused;
+  unused.tokens = dp.tokens;
+  launch_one<false, 1>(unused, dp, stream, pdl);
 }
 
 void launch_route_dispatch_small(const RouteTopkParams& rp, const DispatchParams& dp, cudaStream_t stream, bool pdl) {
@@ -135,19 +168,14 @@ void launch_route_dispatch_small(const RouteTopkParams& rp, const DispatchParams
   if (dp.tokens != rp.tokens || dp.topk != rp.topk || dp.experts != rp.experts)
     throw Error("route_dispatch_small: route and dispatch shapes differ");
   if (rp.tokens == 0) return;
-  const size_t smem = Layout::bytes(rp.experts);
   int slots = 1;  // per lane: ceil(E / 32) rounded up to a power of two, as the routing kernel
   while (slots * 32 < rp.experts) slots *= 2;
-  auto launch = [&](auto kernel) {
-    LOOM_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
-    launch_kernel(kernel, dim3(1), dim3(kThreads), smem, stream, pdl, rp, dp);
-  };
   switch (slots) {
-    case 1: launch(route_dispatch_small_kernel<1>); break;
-    case 2: launch(route_dispatch_small_kernel<2>); break;
-    case 4: launch(route_dispatch_small_kernel<4>); break;
-    case 8: launch(route_dispatch_small_kernel<8>); break;
-    default: launch(route_dispatch_small_kernel<16>); break;
+    case 1: launch_one<true, 1>(rp, dp, stream, pdl); break;
+    case 2: launch_one<true, 2>(rp, dp, stream, pdl); break;
+    case 4: launch_one<true, 4>(rp, dp, stream, pdl); break;
+    case 8: launch_one<true, 8>(rp, dp, stream, pdl); break;
+    default: launch_one<true, 16>(rp, dp, stream, pdl); break;
   }
 }
 

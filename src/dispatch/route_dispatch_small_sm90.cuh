@@ -1,10 +1,10 @@
-// Small batches (decode): routing and the dispatch layout in ONE kernel of one CTA, so the chain
-// loses a kernel boundary and the single-CTA dispatch loses its separate launch. Softmax scoring
-// only (sigmoid groups keep per-warp scratch that 32 warps cannot afford); larger batches and
-// sigmoid use launch_route_topk + launch_dispatch.
-//
-// Writes exactly what those two kernels write together: topk ids/weights, nan flags, offsets,
-// route_row, row_token, row_weight and the status word (bit-identical results).
+// Small batches (decode), one CTA of 1024 threads:
+//  - launch_route_dispatch_small: routing AND the dispatch layout in one kernel, so the chain loses a
+//    kernel boundary. One token per warp (T <= 32: more tokens per warp would serialise their
+//    latency), softmax scoring only (sigmoid groups keep per-warp scratch 32 warps cannot afford).
+//  - launch_dispatch_small: the dispatch layout alone, from top-k ids (any scoring), for up to
+//    kSmallBatchMaxRoutes routes: a lean single pass of counting, two scans and a stable walk.
+// Both write exactly what launch_route_topk + launch_dispatch write (bit-identical results).
 #pragma once
 
 #include <cuda_runtime.h>
@@ -14,14 +14,18 @@
 
 namespace loom {
 
-inline constexpr int kSmallBatchMaxRoutes = 2048;  // T*k handled by the fused kernel
+inline constexpr int kSmallBatchMaxTokens = 32;    // fused route+dispatch: one token per warp
+inline constexpr int kSmallBatchMaxRoutes = 8192;  // dispatch alone
 
-// Whether the fused kernel takes this batch.
+// Whether the fused route+dispatch kernel takes this batch.
 bool route_dispatch_small_fits(int tokens, int topk, int experts, const Routing& routing);
+// Whether the single-CTA dispatch takes this batch.
+bool dispatch_small_fits(int tokens, int topk, int experts);
 
 // route: logits -> topk_ids/topk_weights/nan_flags; dispatch: its outputs (its topk inputs and
 // nan_flags are ignored: the fused kernel uses what it routed).
 void launch_route_dispatch_small(const RouteTopkParams& route, const DispatchParams& dispatch, cudaStream_t stream,
                                  bool pdl);
+void launch_dispatch_small(const DispatchParams& dispatch, cudaStream_t stream, bool pdl);
 
 }  // namespace loom

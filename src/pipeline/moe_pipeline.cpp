@@ -85,8 +85,9 @@ std::string describe(const Plan& p) {
   o << "shape: " << describe(p.shape) << " (tokens = most per run)\n"
     << "routing: " << describe(p.routing) << "\n"
     << "device: " << p.device_name << ", " << p.sm_count << " SMs, L2 " << (p.l2_bytes >> 20) << " MiB\n"
-    << "kernels: route (warp per token) -> dispatch (counts, scan, stable rows; fused with routing in one CTA for "
-       "softmax batches of <= " << kSmallBatchMaxRoutes << " routes) -> quantise+gather (1x128, bit-exact) -> "
+    << "kernels: route (warp per token) -> dispatch (counts, scan, stable rows; one CTA up to " << kSmallBatchMaxRoutes
+    << " routes, fused with softmax routing up to " << kSmallBatchMaxTokens << " tokens) -> quantise+gather (1x128, "
+       "bit-exact) -> "
     << p.gemm_config << "\n"
     << "combine: "
     << (p.options.deterministic ? "deterministic (row stores + slot-order sum, no float atomics)"
@@ -161,7 +162,10 @@ void run_stages(const Plan& p, const Weights& w, const Inputs& in, void* output,
   if (fused) {
     if (do_route) launch_route_dispatch_small(rp, dp, stream, pdl);  // "route" stands for both when fused
   } else if (do_dispatch) {
-    launch_dispatch(dp, stream, pdl);
+    if (p.options.fuse_small_batch && dispatch_small_fits(T, k, E))
+      launch_dispatch_small(dp, stream, pdl);
+    else
+      launch_dispatch(dp, stream, pdl);
   }
 
   QuantGatherParams qp;

@@ -3,7 +3,9 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <algorithm>
 #include <cstring>
+#include <tuple>
 
 #include "bench/device_buffer.hpp"
 #include "common/rng.hpp"
@@ -25,7 +27,9 @@ struct Outputs {
   LayerStatus status;
 };
 
-Outputs run(bool fused, const std::vector<float>& logits, int T, int E, int k, const Routing& routing) {
+enum class Path { fused, route_then_small_dispatch, route_then_dispatch };
+
+Outputs run(Path path, const std::vector<float>& logits, int T, int E, int k, const Routing& routing) {
   const int R = T * k;
   DeviceBuffer dl = DeviceBuffer::from(logits);
   DeviceBuffer ids(size_t(R) * 4), wts(size_t(R) * 4), flags{size_t(T)}, off(size_t(E + 1) * 4), rr(size_t(R) * 4),
@@ -52,11 +56,14 @@ Outputs run(bool fused, const std::vector<float>& logits, int T, int E, int k, c
   dp.row_token = rt.as<int32_t>();
   dp.row_weight = rw.as<float>();
   dp.status = st.as<LayerStatus>();
-  if (fused) {
+  if (path == Path::fused) {
     launch_route_dispatch_small(rp, dp, nullptr, true);
   } else {
     launch_route_topk(rp, nullptr, true);
-    launch_dispatch(dp, nullptr, true);
+    if (path == Path::route_then_small_dispatch)
+      launch_dispatch_small(dp, nullptr, true);
+    else
+      launch_dispatch(dp, nullptr, true);
   }
   LOOM_CUDA_CHECK(cudaDeviceSynchronize());
   Outputs o;
@@ -78,8 +85,9 @@ TEST(RouteDispatchSmallGpu, MatchesRouteThenDispatchBitForBit) {
   struct Shape3 {
     int T, E, k;
   };
-  for (const Shape3 c : {Shape3{1, 8, 1}, Shape3{3, 64, 2}, Shape3{17, 512, 16}, Shape3{128, 256, 8},
-                         Shape3{256, 64, 8}, Shape3{100, 8, 8}, Shape3{2048, 16, 1}, Shape3{33, 500, 7}}) {
+  for (const Shape3 c : {Shape3{1, 8, 1}, Shape3{3, 64, 2}, Shape3{17, 512, 16}, Shape3{32, 256, 8},
+                         Shape3{128, 256, 8}, Shape3{512, 64, 16}, Shape3{1000, 8, 8}, Shape3{8192, 16, 1},
+                         Shape3{33, 500, 7}}) {
     for (int variant = 0; variant < 3; ++variant) {
       SCOPED_TRACE(testing::Message() << "T=" << c.T << " E=" << c.E << " k=" << c.k << " variant " << variant);
       Routing routing;
@@ -94,9 +102,11 @@ TEST(RouteDispatchSmallGpu, MatchesRouteThenDispatchBitForBit) {
         for (int e = 0; e < c.E; ++e) logits[size_t(2 * c.E + e)] = NAN;
       }
       if (c.E > 4) logits[3] = logits[4];
-      ASSERT_TRUE(route_dispatch_small_fits(c.T, c.k, c.E, routing));
-      const Outputs fused = run(true, logits, c.T, c.E, c.k, routing);
-      const Outputs split = run(false, logits, c.T, c.E, c.k, routing);
+      ASSERT_TRUE(dispatch_small_fits(c.T, c.k, c.E));
+      // The fused kernel where it applies, else the single-CTA dispatch after the routing kernel.
+      const bool can_fuse = route_dispatch_small_fits(c.T, c.k, c.E, routing);
+      const Outputs fused = run(can_fuse ? Path::fused : Path::route_then_small_dispatch, logits, c.T, c.E, c.k, routing);
+      const Outputs split = run(Path::route_then_dispatch, logits, c.T, c.E, c.k, routing);
       EXPECT_EQ(fused.ids, split.ids);
       EXPECT_EQ(std::memcmp(fused.weights.data(), split.weights.data(), fused.weights.size() * 4), 0);
       EXPECT_EQ(fused.flags, split.flags);
@@ -118,14 +128,64 @@ TEST(RouteDispatchSmallGpu, MatchesRouteThenDispatchBitForBit) {
   }
 }
 
-TEST(RouteDispatchSmall, TakesOnlySmallSoftmaxBatches) {
+TEST(RouteDispatchSmall, TakesOnlySmallBatches) {
   Routing softmax, sigmoid;
   sigmoid.scoring = Scoring::sigmoid;
-  EXPECT_TRUE(route_dispatch_small_fits(128, 8, 256, softmax));
-  EXPECT_TRUE(route_dispatch_small_fits(256, 8, 512, softmax));
-  EXPECT_FALSE(route_dispatch_small_fits(257, 8, 256, softmax));
-  EXPECT_FALSE(route_dispatch_small_fits(128, 8, 256, sigmoid));
+  EXPECT_TRUE(route_dispatch_small_fits(32, 8, 256, softmax));
+  EXPECT_FALSE(route_dispatch_small_fits(33, 8, 256, softmax));
+  EXPECT_FALSE(route_dispatch_small_fits(16, 8, 256, sigmoid));
   EXPECT_FALSE(route_dispatch_small_fits(16, 8, 1024, softmax));
+  EXPECT_TRUE(dispatch_small_fits(1024, 8, 512));
+  EXPECT_FALSE(dispatch_small_fits(1025, 8, 512));
+  EXPECT_FALSE(dispatch_small_fits(16, 8, 1024));
+}
+
+TEST(RouteDispatchSmallGpu, DispatchAloneMatchesReferenceWithBadIdsAndFlags) {
+  LOOM_REQUIRE_GPU();
+  LOOM_FRESH_SEED();
+  Rng rng(seed);
+  for (const auto& [T, E, k] : {std::tuple{1, 8, 1}, std::tuple{128, 256, 8}, std::tuple{512, 512, 16}}) {
+    const int R = T * k;
+    std::vector<int32_t> ids(static_cast<size_t>(R));
+    std::vector<float> w(static_cast<size_t>(R));
+    std::vector<uint8_t> flags(static_cast<size_t>(T));
+    for (int i = 0; i < R; ++i) {
+      ids[size_t(i)] = int32_t(rng.below(uint64_t(E)));
+      w[size_t(i)] = float(rng.uniform());
+    }
+    ids[0] = -3;
+    if (R > 5) ids[5] = E;
+    for (auto& f : flags) f = rng.below(4) == 0;
+    DeviceBuffer di = DeviceBuffer::from(ids), dw = DeviceBuffer::from(w), df = DeviceBuffer::from(flags);
+    DeviceBuffer off(size_t(E + 1) * 4), rr(size_t(R) * 4), rt(size_t(R) * 4), rw(size_t(R) * 4), st(sizeof(LayerStatus));
+    DispatchParams dp;
+    dp.topk_ids = di.as<int32_t>();
+    dp.topk_weights = dw.as<float>();
+    dp.nan_flags = df.as<uint8_t>();
+    dp.tokens = T;
+    dp.topk = k;
+    dp.experts = E;
+    dp.offsets = off.as<int32_t>();
+    dp.route_row = rr.as<int32_t>();
+    dp.row_token = rt.as<int32_t>();
+    dp.row_weight = rw.as<float>();
+    dp.status = st.as<LayerStatus>();
+    launch_dispatch_small(dp, nullptr, true);
+    LOOM_CUDA_CHECK(cudaDeviceSynchronize());
+    const Dispatch d = dispatch_ref(ids.data(), T, k, E);
+    EXPECT_EQ(off.to_host<int32_t>(), d.offsets);
+    EXPECT_EQ(rr.to_host<int32_t>(), d.route_row);
+    const std::vector<int32_t> tok = rt.to_host<int32_t>();
+    const std::vector<float> wt = rw.to_host<float>();
+    for (int row = 0; row < d.offsets.back(); ++row) {
+      ASSERT_EQ(tok[size_t(row)], d.row_route[size_t(row)] / k);
+      ASSERT_EQ(wt[size_t(row)], w[size_t(d.row_route[size_t(row)])]);
+    }
+    LayerStatus s;
+    LOOM_CUDA_CHECK(cudaMemcpy(&s, st.get(), sizeof s, cudaMemcpyDeviceToHost));
+    EXPECT_EQ(s.dropped_routes, uint32_t(d.dropped));
+    EXPECT_EQ(s.nan_tokens, uint32_t(std::count(flags.begin(), flags.end(), 1)));
+  }
 }
 
 }  // namespace
