@@ -5,6 +5,7 @@
 #include "common/cuda_check.hpp"
 #include "common/launch.hpp"
 #include "ptx/pdl.cuh"
+#include "quant/quant_gather_device.cuh"
 #include "route/route_topk_device.cuh"
 
 namespace loom {
@@ -23,9 +24,10 @@ struct Layout {
 };
 
 // kRoute: route first (V slots per lane); else dispatch the top-k ids already in dp.
-template <bool kRoute, int V>
+// kQuant: then quantise and gather (qp) in the same CTA.
+template <bool kRoute, bool kQuant, int V>
 __global__ void __launch_bounds__(kThreads, 1)
-    route_dispatch_small_kernel(const RouteTopkParams rp, const DispatchParams dp) {
+    route_dispatch_small_kernel(const RouteTopkParams rp, const DispatchParams dp, const QuantGatherParams qp) {
   extern __shared__ int32_t smem[];
   const int E = dp.experts, k = dp.topk;
   const int routes = dp.tokens * k;
@@ -129,6 +131,11 @@ __global__ void __launch_bounds__(kThreads, 1)
     st.dropped_routes = uint32_t(counters[1]);
     *dp.status = st;
   }
+  if constexpr (kQuant) {
+    // route_row is complete (this CTA wrote it above): the same stage code as the quantise kernel.
+    __syncthreads();
+    quant_detail::quant_gather_body(qp, uint64_t(warp), uint64_t(kWarps), int64_t(threadIdx.x), int64_t(kThreads));
+  }
 }
 
 }  // namespace
@@ -142,12 +149,27 @@ bool dispatch_small_fits(int tokens, int topk, int experts) {
 }
 
 namespace {
-template <bool kRoute, int V>
-void launch_one(const RouteTopkParams& rp, const DispatchParams& dp, cudaStream_t stream, bool pdl) {
+template <bool kRoute, bool kQuant, int V>
+void launch_one(const RouteTopkParams& rp, const DispatchParams& dp, const QuantGatherParams& qp, cudaStream_t stream,
+                bool pdl) {
   const size_t smem = Layout::bytes(dp.experts);
-  LOOM_CUDA_CHECK(cudaFuncSetAttribute(route_dispatch_small_kernel<kRoute, V>,
+  LOOM_CUDA_CHECK(cudaFuncSetAttribute(route_dispatch_small_kernel<kRoute, kQuant, V>,
                                        cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
-  launch_kernel(route_dispatch_small_kernel<kRoute, V>, dim3(1), dim3(kThreads), smem, stream, pdl, rp, dp);
+  launch_kernel(route_dispatch_small_kernel<kRoute, kQuant, V>, dim3(1), dim3(kThreads), smem, stream, pdl, rp, dp, qp);
+}
+
+template <bool kQuant>
+void launch_routed(const RouteTopkParams& rp, const DispatchParams& dp, const QuantGatherParams& qp, cudaStream_t stream,
+                   bool pdl) {
+  int slots = 1;  // per lane: ceil(E / 32) rounded up to a power of two, as the routing kernel
+  while (slots * 32 < rp.experts) slots *= 2;
+  switch (slots) {
+    case 1: launch_one<true, kQuant, 1>(rp, dp, qp, stream, pdl); break;
+    case 2: launch_one<true, kQuant, 2>(rp, dp, qp, stream, pdl); break;
+    case 4: launch_one<true, kQuant, 4>(rp, dp, qp, stream, pdl); break;
+    case 8: launch_one<true, kQuant, 8>(rp, dp, qp, stream, pdl); break;
+    default: launch_one<true, kQuant, 16>(rp, dp, qp, stream, pdl); break;
+  }
 }
 }  // namespace
 
@@ -159,23 +181,24 @@ void launch_dispatch_small(const DispatchParams& dp, cudaStream_t stream, bool p
     throw Error("dispatch_small: null device pointer");
   RouteTopkParams unused;
   unused.tokens = dp.tokens;
-  launch_one<false, 1>(unused, dp, stream, pdl);
+  launch_one<false, false, 1>(unused, dp, QuantGatherParams{}, stream, pdl);
 }
 
-void launch_route_dispatch_small(const RouteTopkParams& rp, const DispatchParams& dp, cudaStream_t stream, bool pdl) {
+void launch_route_dispatch_small(const RouteTopkParams& rp, const DispatchParams& dp, const QuantGatherParams* qp,
+                                 cudaStream_t stream, bool pdl) {
   if (!route_dispatch_small_fits(rp.tokens, rp.topk, rp.experts, rp.routing))
     throw Error("route_dispatch_small: batch outside the fused kernel's range");
   if (dp.tokens != rp.tokens || dp.topk != rp.topk || dp.experts != rp.experts)
     throw Error("route_dispatch_small: route and dispatch shapes differ");
   if (rp.tokens == 0) return;
-  int slots = 1;  // per lane: ceil(E / 32) rounded up to a power of two, as the routing kernel
-  while (slots * 32 < rp.experts) slots *= 2;
-  switch (slots) {
-    case 1: launch_one<true, 1>(rp, dp, stream, pdl); break;
-    case 2: launch_one<true, 2>(rp, dp, stream, pdl); break;
-    case 4: launch_one<true, 4>(rp, dp, stream, pdl); break;
-    case 8: launch_one<true, 8>(rp, dp, stream, pdl); break;
-    default: launch_one<true, 16>(rp, dp, stream, pdl); break;
+  if (qp) {
+    if (qp->tokens != rp.tokens || qp->topk != rp.topk || qp->route_row != dp.route_row || rp.tokens > kSmallBatchQuantTokens)
+      throw Error("route_dispatch_small: quantise stage does not match the batch");
+    if (qp->hidden_dim <= 0 || qp->hidden_dim % 16 || !qp->hidden || !qp->a_sorted || !qp->a_scales)
+      throw Error("route_dispatch_small: bad quantise parameters");
+    launch_routed<true>(rp, dp, *qp, stream, pdl);
+  } else {
+    launch_routed<false>(rp, dp, QuantGatherParams{}, stream, pdl);
   }
 }
 

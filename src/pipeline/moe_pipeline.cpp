@@ -87,7 +87,7 @@ std::string describe(const Plan& p) {
     << "device: " << p.device_name << ", " << p.sm_count << " SMs, L2 " << (p.l2_bytes >> 20) << " MiB\n"
     << "kernels: route (warp per token) -> dispatch (counts, scan, stable rows; one CTA up to " << kSmallBatchMaxRoutes
     << " routes, fused with softmax routing up to " << kSmallBatchMaxTokens << " tokens) -> quantise+gather (1x128, "
-       "bit-exact) -> "
+       "bit-exact; in the fused kernel up to " << kSmallBatchQuantTokens << " tokens) -> "
     << p.gemm_config << "\n"
     << "combine: "
     << (p.options.deterministic ? "deterministic (row stores + slot-order sum, no float atomics)"
@@ -159,15 +159,6 @@ void run_stages(const Plan& p, const Weights& w, const Inputs& in, void* output,
   dp.row_token = at<int32_t>(workspace, L.row_token);
   dp.row_weight = at<float>(workspace, L.row_weight);
   dp.status = status;
-  if (fused) {
-    if (do_route) launch_route_dispatch_small(rp, dp, stream, pdl);  // "route" stands for both when fused
-  } else if (do_dispatch) {
-    if (p.options.fuse_small_batch && dispatch_small_fits(T, k, E))
-      launch_dispatch_small(dp, stream, pdl);
-    else
-      launch_dispatch(dp, stream, pdl);
-  }
-
   QuantGatherParams qp;
   qp.hidden = static_cast<const uint16_t*>(in.hidden);
   qp.route_row = dp.route_row;
@@ -180,7 +171,18 @@ void run_stages(const Plan& p, const Weights& w, const Inputs& in, void* output,
   // The fast combine accumulates into the output: clear it here, ordered before the GEMM.
   qp.zero_out = p.options.deterministic ? nullptr : static_cast<float*>(output);
   qp.zero_cols = s.inter;
-  if (do_quant) launch_quant_gather(qp, stream, pdl);
+  // Tiny batches: the fused kernel also quantises, and the quantise kernel is not launched.
+  const bool fused_quant = fused && T <= kSmallBatchQuantTokens;
+  if (fused) {
+    if (do_route) launch_route_dispatch_small(rp, dp, fused_quant ? &qp : nullptr, stream, pdl);  // "route" stands for both when fused
+  } else if (do_dispatch) {
+    if (p.options.fuse_small_batch && dispatch_small_fits(T, k, E))
+      launch_dispatch_small(dp, stream, pdl);
+    else
+      launch_dispatch(dp, stream, pdl);
+  }
+
+  if (do_quant && !fused_quant) launch_quant_gather(qp, stream, pdl);
 
   DeviceInfo dev;  // what the launchers need, fixed at plan time (no device query per run)
   dev.sm_count = p.sm_count;

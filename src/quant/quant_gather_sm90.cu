@@ -8,51 +8,13 @@
 #include "loom/types.hpp"
 #include "ptx/pdl.cuh"
 
-// Mapping: one 128-wide group of one token per 8 lanes ("octet"). Lane `sub` of the octet owns 16
-// consecutive bf16 (two 16-byte loads) and produces one 16-byte store of 16 codes per target row,
-// so an octet writes one full 128-byte line per sorted row. A warp holds 4 (token, group) units;
-// lanes past the end of the row (partial last group, H % 128 != 0) or past the last unit still run
-// the shuffles but load and store nothing, and contribute amax 0 (neutral: amax >= 0).
-// Register use is independent of H (16 values per thread), so H = 16 .. 65536 all fit.
-//
-// Per unit, every load is issued before any arithmetic: the two hidden loads and the first 16
-// route rows (slots sub and 8 + sub). Topk > 16 loads further slots later, 8 at a time.
-//
-// Arithmetic (bit for bit quantize_1x128_ref, docs/numerics.md):
-//   amax  = max over |x| by `a > amax` comparisons: a NaN (quiet or signalling) never wins
-//   scale = fmaxf(amax, 1e-10f) / 448      IEEE division (__fdiv_rn)
-//   v     = x / scale                      IEEE division (__fdiv_rn), never x * (1/scale)
-//   v     clamped to [-448, 448] by two comparisons, so NaN passes (fminf/fmaxf would turn it into
-//         +-448), then cvt.rn.satfinite.e4m3x2.f32 (the encoder the host codec reproduces).
+#include "quant/quant_gather_device.cuh"
 
 namespace loom {
 namespace {
 
 constexpr int kThreads = 128;
-constexpr int kLanesPerUnit = 8;                    // 8 lanes x 16 elements = one 128-group
-constexpr int kUnitsPerWarp = 32 / kLanesPerUnit;   // 4
-constexpr int kUnitsPerBlock = kThreads / kLanesPerUnit;
-constexpr float kE4M3MaxF = 448.0f;
-constexpr float kScaleFloor = 1e-10f;
-
-// Two floats -> two E4M3 codes, `lo` in the low byte. The PTX puts its first source in the upper
-// byte.
-__device__ __forceinline__ uint32_t e4m3x2(float lo, float hi) {
-  uint16_t r;
-  asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(r) : "f"(hi), "f"(lo));
-  return r;
-}
-
-__device__ __forceinline__ float scaled(float x, float scale) {
-  float v = __fdiv_rn(x, scale);
-  v = v > kE4M3MaxF ? kE4M3MaxF : v;    // comparisons, not fminf/fmaxf: NaN fails both and stays NaN
-  v = v < -kE4M3MaxF ? -kE4M3MaxF : v;
-  return v;
-}
-
-// bf16 pairs in a 32-bit word -> floats (exact widening).
-__device__ __forceinline__ float bf16_lo(uint32_t w) { return __uint_as_float(w << 16); }
-__device__ __forceinline__ float bf16_hi(uint32_t w) { return __uint_as_float(w & 0xffff0000u); }
+constexpr int kUnitsPerBlock = kThreads / quant_detail::kLanesPerUnit;
 
 __global__ void __launch_bounds__(kThreads) quant_gather_kernel(const QuantGatherParams p) {
   // Lets the next kernel start launching; it waits for this grid's completion itself.
@@ -60,100 +22,9 @@ __global__ void __launch_bounds__(kThreads) quant_gather_kernel(const QuantGathe
   // Before any global access: route_row comes from the dispatch kernel, and the buffers written
   // here may still be read by a kernel of the previous run.
   ptx::pdl_wait();
-
-  const int H = p.hidden_dim, k = p.topk;
-  const uint32_t groups = uint32_t(H + 127) / 128u;
-  const uint32_t chunks = uint32_t(H) / 16u;  // 16-element chunks per row
-  const uint64_t units = uint64_t(p.tokens) * groups;
-  const int lane = int(threadIdx.x & 31u), sub = lane & (kLanesPerUnit - 1);
-  const int octet_base = lane & ~(kLanesPerUnit - 1);
-  const uint64_t warp = (uint64_t(blockIdx.x) * kThreads + threadIdx.x) >> 5;
-  const uint64_t warps = (uint64_t(gridDim.x) * kThreads) >> 5;
-
-  // Warp-uniform trip count (wbase is the same for all 32 lanes), so the full-mask shuffles below
-  // always see every lane.
-  for (uint64_t wbase = warp * kUnitsPerWarp; wbase < units; wbase += warps * kUnitsPerWarp) {
-    const uint64_t unit = wbase + uint64_t(lane / kLanesPerUnit);
-    const bool unit_ok = unit < units;
-    const uint32_t t = unit_ok ? uint32_t(unit / groups) : 0u;
-    const uint32_t g = unit_ok ? uint32_t(unit - uint64_t(t) * groups) : 0u;
-    const uint32_t c = g * kLanesPerUnit + uint32_t(sub);
-    const bool active = unit_ok && c < chunks;
-
-    // ---- every load of this unit, issued together ----
-    uint4 raw0 = make_uint4(0u, 0u, 0u, 0u), raw1 = raw0;
-    if (active) {
-      const uint4* src = reinterpret_cast<const uint4*>(p.hidden + int64_t(t) * H) + 2 * c;
-      raw0 = __ldcg(src);
-      raw1 = __ldcg(src + 1);
-    }
-    const int32_t* slots = p.route_row + int64_t(t) * k;
-    int32_t row_a = -1, row_b = -1;  // slots sub and 8 + sub
-    if (unit_ok && sub < k) row_a = __ldcg(slots + sub);
-    if (unit_ok && kLanesPerUnit + sub < k) row_b = __ldcg(slots + kLanesPerUnit + sub);
-
-    // ---- amax over the group ----
-    float x[16];
-    const uint32_t w[8] = {raw0.x, raw0.y, raw0.z, raw0.w, raw1.x, raw1.y, raw1.z, raw1.w};
-#pragma unroll
-    for (int i = 0; i < 8; ++i) {
-      x[2 * i] = bf16_lo(w[i]);
-      x[2 * i + 1] = bf16_hi(w[i]);
-    }
-    // A comparison, as in the reference, rather than fmaxf: it skips every NaN whatever its kind
-    // (IEEE maxNum, and glibc's fmaxf, return NaN for a signalling NaN such as bf16 0x7f81).
-    float amax = 0.0f;
-#pragma unroll
-    for (int i = 0; i < 16; ++i) {
-      const float a = fabsf(x[i]);
-      amax = a > amax ? a : amax;
-    }
-    // Octet-wide max (no NaN left): xor offsets 4, 2, 1 stay inside the octet.
-#pragma unroll
-    for (int off = kLanesPerUnit / 2; off > 0; off /= 2) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, off));
-    const float scale = __fdiv_rn(fmaxf(amax, kScaleFloor), kE4M3MaxF);
-
-    // ---- 16 codes ----
-    uint32_t q[4];
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      const uint32_t lo = e4m3x2(scaled(x[4 * i], scale), scaled(x[4 * i + 1], scale));
-      const uint32_t hi = e4m3x2(scaled(x[4 * i + 2], scale), scaled(x[4 * i + 3], scale));
-      q[i] = lo | (hi << 16);
-    }
-    const uint4 codes = make_uint4(q[0], q[1], q[2], q[3]);
-
-    // ---- scatter to the k sorted rows, 8 slots at a time ----
-    for (int j0 = 0; j0 < k; j0 += kLanesPerUnit) {
-      int32_t mine;
-      if (j0 == 0)
-        mine = row_a;
-      else if (j0 == kLanesPerUnit)
-        mine = row_b;
-      else
-        mine = (unit_ok && j0 + sub < k) ? __ldcg(slots + j0 + sub) : -1;
-      // Rows outside [0, R_pad) (dropped, or bad device data) are never written.
-      if (mine < 0 || int64_t(mine) >= p.padded_rows) mine = -1;
-      if (mine >= 0) p.a_scales[int64_t(g) * p.padded_rows + mine] = scale;
-      const int n = min(kLanesPerUnit, k - j0);
-      for (int jj = 0; jj < n; ++jj) {
-        const int32_t row = __shfl_sync(0xffffffffu, mine, octet_base + jj);
-        if (active && row >= 0)
-          *reinterpret_cast<uint4*>(p.a_sorted + int64_t(row) * H + int64_t(c) * 16) = codes;
-      }
-    }
-  }
-
-  // ---- clear the fast combine's fp32 output (flat: rows are contiguous) ----
-  if (p.zero_out != nullptr) {
-    const int64_t n = int64_t(p.tokens) * p.zero_cols;
-    const int64_t n4 = n / 4;
-    const int64_t tid = int64_t(blockIdx.x) * kThreads + threadIdx.x;
-    const int64_t nth = int64_t(gridDim.x) * kThreads;
-    float4* z4 = reinterpret_cast<float4*>(p.zero_out);
-    for (int64_t i = tid; i < n4; i += nth) z4[i] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-    for (int64_t i = n4 * 4 + tid; i < n; i += nth) p.zero_out[i] = 0.0f;
-  }
+  quant_detail::quant_gather_body(p, (uint64_t(blockIdx.x) * kThreads + threadIdx.x) >> 5,
+                                  (uint64_t(gridDim.x) * kThreads) >> 5, int64_t(blockIdx.x) * kThreads + threadIdx.x,
+                                  int64_t(gridDim.x) * kThreads);
 }
 
 bool aligned16(const void* ptr) { return (reinterpret_cast<uintptr_t>(ptr) & 15u) == 0; }

@@ -57,7 +57,7 @@ Outputs run(Path path, const std::vector<float>& logits, int T, int E, int k, co
   dp.row_weight = rw.as<float>();
   dp.status = st.as<LayerStatus>();
   if (path == Path::fused) {
-    launch_route_dispatch_small(rp, dp, nullptr, true);
+    launch_route_dispatch_small(rp, dp, nullptr, nullptr, true);
   } else {
     launch_route_topk(rp, nullptr, true);
     if (path == Path::route_then_small_dispatch)
@@ -86,7 +86,7 @@ TEST(RouteDispatchSmallGpu, MatchesRouteThenDispatchBitForBit) {
     int T, E, k;
   };
   for (const Shape3 c : {Shape3{1, 8, 1}, Shape3{3, 64, 2}, Shape3{17, 512, 16}, Shape3{32, 256, 8},
-                         Shape3{128, 256, 8}, Shape3{512, 64, 16}, Shape3{1000, 8, 8}, Shape3{8192, 16, 1},
+                         Shape3{128, 256, 8}, Shape3{128, 64, 16}, Shape3{1000, 8, 2}, Shape3{2048, 16, 1},
                          Shape3{33, 500, 7}}) {
     for (int variant = 0; variant < 3; ++variant) {
       SCOPED_TRACE(testing::Message() << "T=" << c.T << " E=" << c.E << " k=" << c.k << " variant " << variant);
@@ -128,6 +128,76 @@ TEST(RouteDispatchSmallGpu, MatchesRouteThenDispatchBitForBit) {
   }
 }
 
+TEST(RouteDispatchSmallGpu, FusedQuantiseMatchesTheQuantiseKernelBitForBit) {
+  LOOM_REQUIRE_GPU();
+  LOOM_FRESH_SEED();
+  Rng rng(seed);
+  for (const auto& [T, E, k, H] : {std::tuple{1, 256, 8, 2048}, std::tuple{8, 64, 16, 7168}, std::tuple{5, 8, 2, 192}}) {
+    SCOPED_TRACE(testing::Message() << "T=" << T << " E=" << E << " k=" << k << " H=" << H);
+    const int R = T * k;
+    const int64_t Rp = (R + 3) / 4 * 4, G = (H + 127) / 128;
+    std::vector<float> logits(static_cast<size_t>(T) * E);
+    for (auto& x : logits) x = float(rng.normal());
+    std::vector<uint16_t> hidden(static_cast<size_t>(T) * H);
+    for (auto& h : hidden) h = uint16_t(0x3c00 + rng.below(0x0800)) ^ uint16_t(rng.below(2) << 15);  // varied bf16
+    DeviceBuffer dl = DeviceBuffer::from(logits), dh = DeviceBuffer::from(hidden);
+    std::vector<std::vector<uint8_t>> codes;
+    std::vector<std::vector<float>> scales;
+    std::vector<std::vector<float>> zeroed;
+    for (int fused = 0; fused < 2; ++fused) {
+      DeviceBuffer ids(size_t(R) * 4), wts(size_t(R) * 4), flags{size_t(T)}, off(size_t(E + 1) * 4), rr(size_t(R) * 4),
+          rt(size_t(R) * 4), rw(size_t(R) * 4), st(sizeof(LayerStatus)), a(size_t(Rp * H)), as(size_t(G * Rp) * 4),
+          z(size_t(T) * 64 * 4);
+      for (DeviceBuffer* b : {&a, &as, &z}) LOOM_CUDA_CHECK(cudaMemset(b->get(), 0x7f, b->bytes()));
+      RouteTopkParams rp;
+      rp.logits = dl.as<float>();
+      rp.topk_ids = ids.as<int32_t>();
+      rp.topk_weights = wts.as<float>();
+      rp.nan_flags = flags.as<uint8_t>();
+      rp.tokens = T;
+      rp.experts = E;
+      rp.topk = k;
+      DispatchParams dp;
+      dp.topk_ids = rp.topk_ids;
+      dp.topk_weights = rp.topk_weights;
+      dp.nan_flags = rp.nan_flags;
+      dp.tokens = T;
+      dp.topk = k;
+      dp.experts = E;
+      dp.offsets = off.as<int32_t>();
+      dp.route_row = rr.as<int32_t>();
+      dp.row_token = rt.as<int32_t>();
+      dp.row_weight = rw.as<float>();
+      dp.status = st.as<LayerStatus>();
+      QuantGatherParams qp;
+      qp.hidden = dh.as<uint16_t>();
+      qp.route_row = dp.route_row;
+      qp.tokens = T;
+      qp.hidden_dim = H;
+      qp.topk = k;
+      qp.padded_rows = Rp;
+      qp.a_sorted = a.as<uint8_t>();
+      qp.a_scales = as.as<float>();
+      qp.zero_out = z.as<float>();
+      qp.zero_cols = 64;
+      if (fused) {
+        launch_route_dispatch_small(rp, dp, &qp, nullptr, true);
+      } else {
+        launch_route_topk(rp, nullptr, true);
+        launch_dispatch(dp, nullptr, true);
+        launch_quant_gather(qp, nullptr, true);
+      }
+      LOOM_CUDA_CHECK(cudaDeviceSynchronize());
+      codes.push_back(a.to_host<uint8_t>());
+      scales.push_back(as.to_host<float>());
+      zeroed.push_back(z.to_host<float>());
+    }
+    EXPECT_EQ(codes[0], codes[1]);
+    EXPECT_EQ(std::memcmp(scales[0].data(), scales[1].data(), scales[0].size() * 4), 0);
+    for (float v : zeroed[1]) ASSERT_EQ(v, 0.0f);
+  }
+}
+
 TEST(RouteDispatchSmall, TakesOnlySmallBatches) {
   Routing softmax, sigmoid;
   sigmoid.scoring = Scoring::sigmoid;
@@ -135,8 +205,8 @@ TEST(RouteDispatchSmall, TakesOnlySmallBatches) {
   EXPECT_FALSE(route_dispatch_small_fits(33, 8, 256, softmax));
   EXPECT_FALSE(route_dispatch_small_fits(16, 8, 256, sigmoid));
   EXPECT_FALSE(route_dispatch_small_fits(16, 8, 1024, softmax));
-  EXPECT_TRUE(dispatch_small_fits(1024, 8, 512));
-  EXPECT_FALSE(dispatch_small_fits(1025, 8, 512));
+  EXPECT_TRUE(dispatch_small_fits(256, 8, 512));
+  EXPECT_FALSE(dispatch_small_fits(257, 8, 512));
   EXPECT_FALSE(dispatch_small_fits(16, 8, 1024));
 }
 
