@@ -18,7 +18,7 @@
 namespace loom {
 
 inline constexpr int kSmallBatchMaxTokens = 32;    // fused route+dispatch: one token per warp
-inline constexpr int kSmallBatchQuantTokens = 8;   // ... and quantise + gather in the same CTA
+inline constexpr int kSmallBatchQuantTokens = 2;   // ... and quantise + gather in the same CTA
 inline constexpr int kSmallBatchMaxRoutes = 2048;  // dispatch alone (a single CTA beyond is slower)
 
 // Whether the fused route+dispatch kernel takes this batch.

@@ -199,6 +199,14 @@ __device__ __forceinline__ void consume_chunk(SharedStorage& s, PipelineState& p
 #pragma unroll
   for (int i = 0; i < kRegs; ++i) final_acc[i] = 0.0f;
   const float* wscale = a.weight_scales + (int64_t(e) * a.nblocks + nb) * a.kblocks;
+  // The unit's weight scales, 32 K blocks at a time, one per lane: a global load per stage would
+  // put its latency on every stage's critical path.
+  float sw_lane = unit.kb_begin + lane < unit.kb_end ? __ldg(wscale + unit.kb_begin + lane) : 0.0f;
+  auto weight_scale = [&](int kb) {
+    const int i = kb - unit.kb_begin;
+    if (i > 0 && i % 32 == 0) sw_lane = kb + lane < unit.kb_end ? __ldg(wscale + kb + lane) : 0.0f;
+    return __shfl_sync(0xffffffffu, sw_lane, i % 32);
+  };
 
   if constexpr (W > 64) {
     // Widest chunks: one block accumulator (three would not fit the consumers' registers).
@@ -207,7 +215,7 @@ __device__ __forceinline__ void consume_chunk(SharedStorage& s, PipelineState& p
     for (int i = 0; i < kRegs; ++i) acc[i] = 0.0f;
     for (int kb = unit.kb_begin; kb < unit.kb_end; ++kb) {
       issue_block<W>(s, acc, ps.stage, ps.phase, consumer);
-      promote_block<W, 0>(s, acc, final_acc, ps.stage, row0, __ldg(wscale + kb));
+      promote_block<W, 0>(s, acc, final_acc, ps.stage, row0, weight_scale(kb));
       ps.advance();
     }
   } else {
@@ -224,9 +232,9 @@ __device__ __forceinline__ void consume_chunk(SharedStorage& s, PipelineState& p
       next.advance();
       if (kb + 1 < unit.kb_end) {
         issue_block<W>(s, acc1, next.stage, next.phase, consumer);
-        promote_block<W, 1>(s, acc0, final_acc, cur.stage, row0, __ldg(wscale + kb));
+        promote_block<W, 1>(s, acc0, final_acc, cur.stage, row0, weight_scale(kb));
       } else {
-        promote_block<W, 0>(s, acc0, final_acc, cur.stage, row0, __ldg(wscale + kb));
+        promote_block<W, 0>(s, acc0, final_acc, cur.stage, row0, weight_scale(kb));
         cur = next;
         break;
       }
@@ -235,9 +243,9 @@ __device__ __forceinline__ void consume_chunk(SharedStorage& s, PipelineState& p
       next.advance();
       if (kb + 1 < unit.kb_end) {
         issue_block<W>(s, acc0, next.stage, next.phase, consumer);
-        promote_block<W, 1>(s, acc1, final_acc, cur.stage, row0, __ldg(wscale + kb));
+        promote_block<W, 1>(s, acc1, final_acc, cur.stage, row0, weight_scale(kb));
       } else {
-        promote_block<W, 0>(s, acc1, final_acc, cur.stage, row0, __ldg(wscale + kb));
+        promote_block<W, 0>(s, acc1, final_acc, cur.stage, row0, weight_scale(kb));
         cur = next;
         break;
       }

@@ -48,6 +48,9 @@ class DevBuf {
   void upload(const std::vector<T>& v) {
     ASSERT_EQ(v.size() * sizeof(T), bytes_);
     if (bytes_) LOOM_CUDA_CHECK(cudaMemcpy(ptr_, v.data(), bytes_, cudaMemcpyHostToDevice));
+    // A pageable host-to-device copy may still be in flight when cudaMemcpy returns, and the
+    // kernels run on a non-blocking stream that does not order against it: wait for it.
+    LOOM_CUDA_CHECK(cudaDeviceSynchronize());
   }
   template <class T>
   std::vector<T> download() const {

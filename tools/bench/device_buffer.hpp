@@ -21,16 +21,22 @@ class DeviceBuffer {
   static DeviceBuffer from(const std::vector<T>& host) {
     DeviceBuffer b(host.size() * sizeof(T));
     if (b.bytes_) LOOM_CUDA_CHECK(cudaMemcpy(b.ptr_, host.data(), b.bytes_, cudaMemcpyHostToDevice));
+    // A pageable copy may still be in flight when cudaMemcpy returns, and work on non-blocking
+    // streams does not order against it: finish it before anyone uses the buffer.
+    LOOM_CUDA_CHECK(cudaDeviceSynchronize());
     return b;
   }
   DeviceBuffer clone() const {
     DeviceBuffer b(bytes_);
     if (bytes_) LOOM_CUDA_CHECK(cudaMemcpy(b.ptr_, ptr_, bytes_, cudaMemcpyDeviceToDevice));
+    LOOM_CUDA_CHECK(cudaDeviceSynchronize());
     return b;
   }
   template <class T>
   std::vector<T> to_host() const {
     std::vector<T> v(bytes_ / sizeof(T));
+    // Whatever any stream still does to this buffer finishes first.
+    LOOM_CUDA_CHECK(cudaDeviceSynchronize());
     if (bytes_) LOOM_CUDA_CHECK(cudaMemcpy(v.data(), ptr_, v.size() * sizeof(T), cudaMemcpyDeviceToHost));
     return v;
   }
