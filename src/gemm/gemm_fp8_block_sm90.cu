@@ -72,6 +72,8 @@ struct alignas(1024) SharedStorage {
   uint8_t x[kStages][kXTileBytes];
   float xs[kStages][kXsStride];
   float epilogue[2][kEpilogueCols][kEpilogueStride];
+  float chunk_weight[2][kMaxChunk];   // top-k weight and token of each of the chunk's rows
+  int32_t chunk_token[2][kMaxChunk];
   uint64_t full[kStages];
   uint64_t empty[kStages];
   int32_t hit_experts[kMaxHitExperts];  // compact mode: experts with rows, ascending
@@ -195,6 +197,11 @@ __device__ __forceinline__ void consume_chunk(SharedStorage& s, PipelineState& p
   constexpr int kRegs = Mma::kRegs;
   const int lane = threadIdx.x % 32, warp_in_wg = (threadIdx.x / 32) % 4;
   const int g = lane / 4, q = lane % 4;
+  // This thread's row of the chunk: its weight and token, loaded now so the latency hides behind
+  // the K loop (loading them in the epilogue put a round trip on every chunk).
+  const int wg_row = threadIdx.x % 128;
+  const float row_w = wg_row < chunk_rows ? __ldg(a.row_weight + row0 + wg_row) : 0.0f;
+  const int32_t row_t = wg_row < chunk_rows && a.atomic ? __ldg(a.row_token + row0 + wg_row) : 0;
   float final_acc[kRegs];
 #pragma unroll
   for (int i = 0; i < kRegs; ++i) final_acc[i] = 0.0f;
@@ -259,6 +266,9 @@ __device__ __forceinline__ void consume_chunk(SharedStorage& s, PipelineState& p
   // owns 4 consecutive outputs of one token row (one 16-byte vector reduction or store).
   const uint32_t barrier_id = 1 + consumer, wg_thread = threadIdx.x % 128;
   float(*stage_cols)[kEpilogueStride] = s.epilogue[consumer];
+  // Published by the first barrier below; overwritten only after the chunk's last barrier.
+  s.chunk_weight[consumer][wg_row] = row_w;
+  s.chunk_token[consumer][wg_row] = row_t;
 #pragma unroll
   for (int cg = 0; cg < (W + kEpilogueCols - 1) / kEpilogueCols; ++cg) {
     constexpr int kGroupCols = W < kEpilogueCols ? W : kEpilogueCols;
@@ -278,10 +288,10 @@ __device__ __forceinline__ void consume_chunk(SharedStorage& s, PipelineState& p
       const int n = nb * kBlockM + consumer * 64 + 4 * quad;
       if (chunk_col < chunk_rows && n < a.n) {
         const int row = row0 + chunk_col;
-        const float w = __ldg(a.row_weight + row);
+        const float w = s.chunk_weight[consumer][chunk_col];
         const float4 v = *reinterpret_cast<const float4*>(&stage_cols[col][4 * quad]);
         if (a.atomic) {
-          const int token = __ldg(a.row_token + row);
+          const int token = s.chunk_token[consumer][chunk_col];
           ptx::red_add_v4_f32(a.out + int64_t(token) * a.n + n, w * v.x, w * v.y, w * v.z, w * v.w);
         } else {
           *reinterpret_cast<float4*>(a.out + int64_t(row) * a.n + n) = make_float4(w * v.x, w * v.y, w * v.z, w * v.w);
