@@ -40,9 +40,9 @@ bench options:
   --max-copies N         input copies for cold-L2 rotation (default 8)
   --max-cpu-gflop G      skip the CPU reference above this size (default 40)
   --deterministic        bitwise-reproducible combine (no float atomics)
-  --no-pdl --no-prefetch --eager --no-fuse   switch off programmatic dependent launch / the GEMM's
-                         L2 weight prefetch / graph replay (time eager launches) / the fused
-                         small-batch route+dispatch kernel
+  --no-pdl --eager --no-fuse   switch off programmatic dependent launch / graph replay (time
+                         eager launches) / the fused small-batch route+dispatch kernels
+  --prefetch             L2-prefetch each GEMM CTA's first weight tile before the PDL wait
   --no-check             skip the comparison of the GPU output with the CPU reference
 )";
 
@@ -111,7 +111,7 @@ int cmd_bench(int argc, char** argv) {
   std::set<std::string> valued = kWorkloadFlags;
   valued.insert({"reps", "warmup", "json", "csv", "max-copies", "max-cpu-gflop"});
   const Args a(rest(argc, argv), valued,
-               {"no-renorm", "sweep", "no-sol", "deterministic", "no-pdl", "eager", "no-prefetch", "no-check", "no-fuse"});
+               {"no-renorm", "sweep", "no-sol", "deterministic", "no-pdl", "eager", "prefetch", "no-check", "no-fuse"});
   const Workload w = parse_workload(a);
   loom::bench::BenchOptions opt;
   opt.preset = w.preset;
@@ -130,7 +130,7 @@ int cmd_bench(int argc, char** argv) {
   opt.max_cpu_gflop = a.number("max-cpu-gflop", 40);
   opt.layer.deterministic = a.has("deterministic");
   opt.layer.pdl = !a.has("no-pdl");
-  opt.layer.prefetch_weights = !a.has("no-prefetch");
+  opt.layer.prefetch_weights = a.has("prefetch");
   opt.layer.fuse_small_batch = !a.has("no-fuse");
   opt.timer.graph = !a.has("eager");
   opt.check = !a.has("no-check");
