@@ -52,7 +52,7 @@ fi
 "$loom" peaks --json "$out/logs/peaks.json" > "$out/logs/peaks.txt" 2> "$out/logs/peaks.err"
 note "peaks: rc=$?"
 
-IFS=';' read -r -a runs <<< "${CHECK_BENCH:---preset qwen35-single;--preset qwen35-single --tokens 1,8,32,128,512,2048,8192 --reps 200;--preset qwen35-layer --tokens 1,128;--preset h200-bf16 --tokens 512}"
+IFS=';' read -r -a runs <<< "${CHECK_BENCH:---preset qwen35-single --tokens 1,8,32,128,512,2048,8192;--preset qwen35-single --tokens 128 --deterministic --no-check;--preset qwen35-single --dist zipf:1.2 --no-check;--preset qwen35-single --dist hot:0.9 --no-check;--preset qwen35-layer --tokens 1,128;--preset h200-bf16 --tokens 512}"
 i=0
 for run in "${runs[@]}"; do
   i=$((i + 1))

@@ -27,7 +27,7 @@ struct Options {
   // NaN router logits) or a CUDA error. Not capturable; for debugging.
   bool debug_checks = false;
   // L2 prefetch of each CTA's first weight tile before the GEMM waits on its predecessor. Off by
-  // default: measured 3 us slower at T=128 on an H200 (docs/perf.md).
+  // default: 1.3 us slower at T=128 on an H200, measured in the same run (docs/perf.md).
   bool prefetch_weights = false;
   // Small batches routed by softmax: routing and dispatch in one single-CTA kernel.
   bool fuse_small_batch = true;
