@@ -24,6 +24,28 @@ inline std::string gpu_unavailable_reason() {
   return {};
 }
 
+// A non-blocking stream for tests that check PDL and stream ordering.
+class Stream {
+ public:
+  Stream() {
+    if (cudaStreamCreateWithFlags(&s_, cudaStreamNonBlocking) != cudaSuccess) s_ = nullptr;
+  }
+  ~Stream() {
+    if (s_) cudaStreamDestroy(s_);
+  }
+  Stream(const Stream&) = delete;
+  Stream& operator=(const Stream&) = delete;
+  cudaStream_t get() const { return s_; }
+  // Launch errors first, then completion; either fails the current test.
+  void sync() const {
+    ASSERT_EQ(cudaGetLastError(), cudaSuccess);
+    ASSERT_EQ(cudaStreamSynchronize(s_), cudaSuccess);
+  }
+
+ private:
+  cudaStream_t s_ = nullptr;
+};
+
 }  // namespace loom::test
 
 #define LOOM_REQUIRE_GPU()                                                  \

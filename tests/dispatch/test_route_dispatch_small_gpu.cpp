@@ -29,33 +29,43 @@ struct Outputs {
 
 enum class Path { fused, route_then_small_dispatch, route_then_dispatch };
 
-Outputs run(Path path, const std::vector<float>& logits, int T, int E, int k, const Routing& routing) {
-  const int R = T * k;
-  DeviceBuffer dl = DeviceBuffer::from(logits);
-  DeviceBuffer ids(size_t(R) * 4), wts(size_t(R) * 4), flags{size_t(T)}, off(size_t(E + 1) * 4), rr(size_t(R) * 4),
-      rt(size_t(R) * 4), rw(size_t(R) * 4), st(sizeof(LayerStatus));
-  for (DeviceBuffer* b : {&ids, &wts, &flags, &off, &rr, &rt, &rw, &st}) LOOM_CUDA_CHECK(cudaMemset(b->get(), 0xab, b->bytes()));
+// The routing and dispatch outputs of one batch, poisoned, and the parameters that point at them.
+struct Buffers {
+  DeviceBuffer ids, wts, flags, off, rr, rt, rw, st;
   RouteTopkParams rp;
-  rp.logits = dl.as<float>();
-  rp.topk_ids = ids.as<int32_t>();
-  rp.topk_weights = wts.as<float>();
-  rp.nan_flags = flags.as<uint8_t>();
-  rp.tokens = T;
-  rp.experts = E;
-  rp.topk = k;
-  rp.routing = routing;
   DispatchParams dp;
-  dp.topk_ids = rp.topk_ids;
-  dp.topk_weights = rp.topk_weights;
-  dp.nan_flags = rp.nan_flags;
-  dp.tokens = T;
-  dp.topk = k;
-  dp.experts = E;
-  dp.offsets = off.as<int32_t>();
-  dp.route_row = rr.as<int32_t>();
-  dp.row_token = rt.as<int32_t>();
-  dp.row_weight = rw.as<float>();
-  dp.status = st.as<LayerStatus>();
+  Buffers(const float* logits, int T, int E, int k, const Routing& routing)
+      : ids(size_t(T * k) * 4), wts(size_t(T * k) * 4), flags(static_cast<size_t>(T)), off(size_t(E + 1) * 4),
+        rr(size_t(T * k) * 4), rt(size_t(T * k) * 4), rw(size_t(T * k) * 4), st(sizeof(LayerStatus)) {
+    for (DeviceBuffer* b : {&ids, &wts, &flags, &off, &rr, &rt, &rw, &st})
+      LOOM_CUDA_CHECK(cudaMemset(b->get(), 0xab, b->bytes()));
+    rp.logits = logits;
+    rp.topk_ids = ids.as<int32_t>();
+    rp.topk_weights = wts.as<float>();
+    rp.nan_flags = flags.as<uint8_t>();
+    rp.tokens = T;
+    rp.experts = E;
+    rp.topk = k;
+    rp.routing = routing;
+    dp.topk_ids = rp.topk_ids;
+    dp.topk_weights = rp.topk_weights;
+    dp.nan_flags = rp.nan_flags;
+    dp.tokens = T;
+    dp.topk = k;
+    dp.experts = E;
+    dp.offsets = off.as<int32_t>();
+    dp.route_row = rr.as<int32_t>();
+    dp.row_token = rt.as<int32_t>();
+    dp.row_weight = rw.as<float>();
+    dp.status = st.as<LayerStatus>();
+  }
+};
+
+Outputs run(Path path, const std::vector<float>& logits, int T, int E, int k, const Routing& routing) {
+  DeviceBuffer dl = DeviceBuffer::from(logits);
+  Buffers b(dl.as<float>(), T, E, k, routing);
+  const RouteTopkParams& rp = b.rp;
+  const DispatchParams& dp = b.dp;
   if (path == Path::fused) {
     launch_route_dispatch_small(rp, dp, nullptr, nullptr, true);
   } else {
@@ -67,14 +77,14 @@ Outputs run(Path path, const std::vector<float>& logits, int T, int E, int k, co
   }
   LOOM_CUDA_CHECK(cudaDeviceSynchronize());
   Outputs o;
-  o.ids = ids.to_host<int32_t>();
-  o.weights = wts.to_host<float>();
-  o.flags = flags.to_host<uint8_t>();
-  o.offsets = off.to_host<int32_t>();
-  o.route_row = rr.to_host<int32_t>();
-  o.row_token = rt.to_host<int32_t>();
-  o.row_weight = rw.to_host<float>();
-  LOOM_CUDA_CHECK(cudaMemcpy(&o.status, st.get(), sizeof o.status, cudaMemcpyDeviceToHost));
+  o.ids = b.ids.to_host<int32_t>();
+  o.weights = b.wts.to_host<float>();
+  o.flags = b.flags.to_host<uint8_t>();
+  o.offsets = b.off.to_host<int32_t>();
+  o.route_row = b.rr.to_host<int32_t>();
+  o.row_token = b.rt.to_host<int32_t>();
+  o.row_weight = b.rw.to_host<float>();
+  LOOM_CUDA_CHECK(cudaMemcpy(&o.status, b.st.get(), sizeof o.status, cudaMemcpyDeviceToHost));
   return o;
 }
 
@@ -145,30 +155,11 @@ TEST(RouteDispatchSmallGpu, FusedQuantiseMatchesTheQuantiseKernelBitForBit) {
     std::vector<std::vector<float>> scales;
     std::vector<std::vector<float>> zeroed;
     for (int fused = 0; fused < 2; ++fused) {
-      DeviceBuffer ids(size_t(R) * 4), wts(size_t(R) * 4), flags{size_t(T)}, off(size_t(E + 1) * 4), rr(size_t(R) * 4),
-          rt(size_t(R) * 4), rw(size_t(R) * 4), st(sizeof(LayerStatus)), a(size_t(Rp * H)), as(size_t(G * Rp) * 4),
-          z(size_t(T) * 64 * 4);
+      Buffers buf(dl.as<float>(), T, E, k, Routing{});
+      RouteTopkParams& rp = buf.rp;
+      DispatchParams& dp = buf.dp;
+      DeviceBuffer a(size_t(Rp * H)), as(size_t(G * Rp) * 4), z(size_t(T) * 64 * 4);
       for (DeviceBuffer* b : {&a, &as, &z}) LOOM_CUDA_CHECK(cudaMemset(b->get(), 0x7f, b->bytes()));
-      RouteTopkParams rp;
-      rp.logits = dl.as<float>();
-      rp.topk_ids = ids.as<int32_t>();
-      rp.topk_weights = wts.as<float>();
-      rp.nan_flags = flags.as<uint8_t>();
-      rp.tokens = T;
-      rp.experts = E;
-      rp.topk = k;
-      DispatchParams dp;
-      dp.topk_ids = rp.topk_ids;
-      dp.topk_weights = rp.topk_weights;
-      dp.nan_flags = rp.nan_flags;
-      dp.tokens = T;
-      dp.topk = k;
-      dp.experts = E;
-      dp.offsets = off.as<int32_t>();
-      dp.route_row = rr.as<int32_t>();
-      dp.row_token = rt.as<int32_t>();
-      dp.row_weight = rw.as<float>();
-      dp.status = st.as<LayerStatus>();
       QuantGatherParams qp;
       qp.hidden = dh.as<uint16_t>();
       qp.route_row = dp.route_row;

@@ -19,6 +19,7 @@
 #include "common/rng.hpp"
 #include "dispatch/dispatch_ref.hpp"
 #include "gemm/combine_rows_sm90.cuh"
+#include "bench/device_buffer.hpp"
 #include "gpu_test.hpp"
 #include "loom/types.hpp"
 #include "test_seed.hpp"
@@ -29,56 +30,8 @@ namespace {
 
 constexpr uint32_t kNaNBits = 0x7fc00000u;
 
-// Owning device buffer (tests build without the bench tools too).
-class DevBuf {
- public:
-  explicit DevBuf(size_t bytes) : bytes_(bytes) {
-    if (bytes_) LOOM_CUDA_CHECK(cudaMalloc(&ptr_, bytes_));
-  }
-  ~DevBuf() {
-    if (ptr_) cudaFree(ptr_);
-  }
-  DevBuf(const DevBuf&) = delete;
-  DevBuf& operator=(const DevBuf&) = delete;
-  template <class T>
-  T* as() const {
-    return static_cast<T*>(ptr_);
-  }
-  template <class T>
-  void upload(const std::vector<T>& v) {
-    ASSERT_EQ(v.size() * sizeof(T), bytes_);
-    if (bytes_) LOOM_CUDA_CHECK(cudaMemcpy(ptr_, v.data(), bytes_, cudaMemcpyHostToDevice));
-    // A pageable host-to-device copy may still be in flight when cudaMemcpy returns, and the
-    // kernels run on a non-blocking stream that does not order against it: wait for it.
-    LOOM_CUDA_CHECK(cudaDeviceSynchronize());
-  }
-  template <class T>
-  std::vector<T> download() const {
-    std::vector<T> v(bytes_ / sizeof(T));
-    if (bytes_) LOOM_CUDA_CHECK(cudaMemcpy(v.data(), ptr_, bytes_, cudaMemcpyDeviceToHost));
-    return v;
-  }
-
- private:
-  void* ptr_ = nullptr;
-  size_t bytes_ = 0;
-};
-
-class Stream {
- public:
-  Stream() { LOOM_CUDA_CHECK(cudaStreamCreateWithFlags(&s_, cudaStreamNonBlocking)); }
-  ~Stream() { cudaStreamDestroy(s_); }
-  Stream(const Stream&) = delete;
-  Stream& operator=(const Stream&) = delete;
-  cudaStream_t get() const { return s_; }
-  void sync() const {
-    LOOM_CUDA_CHECK(cudaGetLastError());
-    LOOM_CUDA_CHECK(cudaStreamSynchronize(s_));
-  }
-
- private:
-  cudaStream_t s_{};
-};
+using DevBuf = bench::DeviceBuffer;
+using test::Stream;
 
 uint32_t bits(float f) {
   uint32_t u;
@@ -161,7 +114,7 @@ void run_case(const Case& c, uint64_t seed, Totals& totals) {
     d_out.upload(poison);
     launch_combine_rows(p, stream.get(), run == 0);
     stream.sync();
-    runs[run] = d_out.download<uint32_t>();
+    runs[run] = d_out.to_host<uint32_t>();
   }
   EXPECT_TRUE(runs[0] == runs[1]) << "two runs differ bitwise";
 

@@ -195,6 +195,32 @@ TEST(PipelineGpu, ZeroTokensLaunchesNothing) {
   }
 }
 
+// The layer captured once in a CUDA graph on a non-blocking stream; each replay poisons the
+// output first and returns it.
+class GraphRun {
+ public:
+  explicit GraphRun(Harness& hs) : hs_(hs) {
+    LOOM_CUDA_CHECK(cudaStreamBeginCapture(stream_.get(), cudaStreamCaptureModeThreadLocal));
+    run(hs.plan, hs.device_weights(), hs.inputs(), hs.out.get(), hs.ws.get(), stream_.get());
+    cudaGraph_t g = nullptr;
+    LOOM_CUDA_CHECK(cudaStreamEndCapture(stream_.get(), &g));
+    LOOM_CUDA_CHECK(cudaGraphInstantiate(&exec_, g, 0));
+    LOOM_CUDA_CHECK(cudaGraphDestroy(g));
+  }
+  ~GraphRun() { cudaGraphExecDestroy(exec_); }
+  std::vector<float> replay() {
+    LOOM_CUDA_CHECK(cudaMemsetAsync(hs_.out.get(), 0xff, hs_.out.bytes(), stream_.get()));
+    LOOM_CUDA_CHECK(cudaGraphLaunch(exec_, stream_.get()));
+    LOOM_CUDA_CHECK(cudaStreamSynchronize(stream_.get()));
+    return hs_.out.to_host<float>();
+  }
+
+ private:
+  Harness& hs_;
+  test::Stream stream_;
+  cudaGraphExec_t exec_ = nullptr;
+};
+
 TEST(PipelineGpu, DeterministicModeIsBitwiseStableAndMatchesGraphReplay) {
   LOOM_REQUIRE_GPU();
   LOOM_FRESH_SEED();
@@ -204,25 +230,11 @@ TEST(PipelineGpu, DeterministicModeIsBitwiseStableAndMatchesGraphReplay) {
   const std::vector<float> first = hs.run_once();
   const std::vector<float> second = hs.run_once();
   ASSERT_EQ(std::memcmp(first.data(), second.data(), first.size() * 4), 0) << "eager runs differ";
-
-  cudaStream_t s;
-  LOOM_CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
-  cudaGraph_t g;
-  cudaGraphExec_t ge;
-  LOOM_CUDA_CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
-  run(hs.plan, hs.device_weights(), hs.inputs(), hs.out.get(), hs.ws.get(), s);
-  LOOM_CUDA_CHECK(cudaStreamEndCapture(s, &g));
-  LOOM_CUDA_CHECK(cudaGraphInstantiate(&ge, g, 0));
+  GraphRun graph(hs);
   for (int rep = 0; rep < 3; ++rep) {
-    LOOM_CUDA_CHECK(cudaMemsetAsync(hs.out.get(), 0xff, hs.out.bytes(), s));
-    LOOM_CUDA_CHECK(cudaGraphLaunch(ge, s));
-    LOOM_CUDA_CHECK(cudaStreamSynchronize(s));
-    const std::vector<float> replay = hs.out.to_host<float>();
+    const std::vector<float> replay = graph.replay();
     ASSERT_EQ(std::memcmp(first.data(), replay.data(), first.size() * 4), 0) << "graph replay " << rep << " differs";
   }
-  cudaGraphExecDestroy(ge);
-  cudaGraphDestroy(g);
-  cudaStreamDestroy(s);
   expect_close(first, layer_ref(hs.weights, hs.hidden.data(), hs.routes.topk).out, 128, 512);
 }
 
@@ -231,24 +243,11 @@ TEST(PipelineGpu, FastModeGraphReplayAgreesWithEager) {
   LOOM_FRESH_SEED();
   Harness hs({32, 2048, 512, 256, 8, "random"}, seed);
   const std::vector<float> eager = hs.run_once();
-  cudaStream_t s;
-  LOOM_CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
-  cudaGraph_t g;
-  cudaGraphExec_t ge;
-  LOOM_CUDA_CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
-  run(hs.plan, hs.device_weights(), hs.inputs(), hs.out.get(), hs.ws.get(), s);
-  LOOM_CUDA_CHECK(cudaStreamEndCapture(s, &g));
-  LOOM_CUDA_CHECK(cudaGraphInstantiate(&ge, g, 0));
-  LOOM_CUDA_CHECK(cudaMemsetAsync(hs.out.get(), 0xff, hs.out.bytes(), s));
-  LOOM_CUDA_CHECK(cudaGraphLaunch(ge, s));
-  LOOM_CUDA_CHECK(cudaStreamSynchronize(s));
-  const std::vector<float> replay = hs.out.to_host<float>();
+  GraphRun graph(hs);
+  const std::vector<float> replay = graph.replay();
   std::vector<double> eager_d(eager.begin(), eager.end());
   const ErrorStats e = relative_error(replay.data(), eager_d.data(), 32, 512);
   EXPECT_LE(e.overall, 1e-6) << "atomic order may differ, nothing else";
-  cudaGraphExecDestroy(ge);
-  cudaGraphDestroy(g);
-  cudaStreamDestroy(s);
 }
 
 TEST(PipelineGpu, BadDeviceDataIsCountedNotFatal) {

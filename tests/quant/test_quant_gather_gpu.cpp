@@ -18,6 +18,7 @@
 #include "common/cuda_check.hpp"
 #include "common/rng.hpp"
 #include "dispatch/dispatch_ref.hpp"
+#include "bench/device_buffer.hpp"
 #include "gpu_test.hpp"
 #include "loom/types.hpp"
 #include "pipeline/device_layout.hpp"
@@ -32,56 +33,8 @@ namespace {
 constexpr uint8_t kCodePoison = 0x7f;
 constexpr uint32_t kNaNBits = 0x7fc00000u;  // scales and zero_out poison
 
-// Owning device buffer (tests build without the bench tools too).
-class DevBuf {
- public:
-  explicit DevBuf(size_t bytes) : bytes_(bytes) {
-    if (bytes_) LOOM_CUDA_CHECK(cudaMalloc(&ptr_, bytes_));
-  }
-  ~DevBuf() {
-    if (ptr_) cudaFree(ptr_);
-  }
-  DevBuf(const DevBuf&) = delete;
-  DevBuf& operator=(const DevBuf&) = delete;
-  template <class T>
-  T* as() const {
-    return static_cast<T*>(ptr_);
-  }
-  template <class T>
-  void upload(const std::vector<T>& v) {
-    ASSERT_EQ(v.size() * sizeof(T), bytes_);
-    if (bytes_) LOOM_CUDA_CHECK(cudaMemcpy(ptr_, v.data(), bytes_, cudaMemcpyHostToDevice));
-    // A pageable host-to-device copy may still be in flight when cudaMemcpy returns, and the
-    // kernels run on a non-blocking stream that does not order against it: wait for it.
-    LOOM_CUDA_CHECK(cudaDeviceSynchronize());
-  }
-  template <class T>
-  std::vector<T> download() const {
-    std::vector<T> v(bytes_ / sizeof(T));
-    if (bytes_) LOOM_CUDA_CHECK(cudaMemcpy(v.data(), ptr_, bytes_, cudaMemcpyDeviceToHost));
-    return v;
-  }
-
- private:
-  void* ptr_ = nullptr;
-  size_t bytes_ = 0;
-};
-
-class Stream {
- public:
-  Stream() { LOOM_CUDA_CHECK(cudaStreamCreateWithFlags(&s_, cudaStreamNonBlocking)); }
-  ~Stream() { cudaStreamDestroy(s_); }
-  Stream(const Stream&) = delete;
-  Stream& operator=(const Stream&) = delete;
-  cudaStream_t get() const { return s_; }
-  void sync() const {
-    LOOM_CUDA_CHECK(cudaGetLastError());
-    LOOM_CUDA_CHECK(cudaStreamSynchronize(s_));
-  }
-
- private:
-  cudaStream_t s_{};
-};
+using DevBuf = bench::DeviceBuffer;
+using test::Stream;
 
 // Overwrites group g of row `row` (elements [c0, c1)) with one of the awkward contents the kernel
 // must reproduce exactly. Kind 0..7; anything else leaves make_hidden's normal values.
@@ -221,7 +174,7 @@ void run_case(const Case& c, uint64_t seed) {
   stream.sync();
 
   // Codes, byte for byte; the first mismatch explained.
-  const std::vector<uint8_t> got_a = d_a.download<uint8_t>();
+  const std::vector<uint8_t> got_a = d_a.to_host<uint8_t>();
   int64_t bad = 0, first = -1;
   for (size_t i = 0; i < got_a.size(); ++i)
     if (got_a[i] != want_a[i] && bad++ == 0) first = int64_t(i);
@@ -242,7 +195,7 @@ void run_case(const Case& c, uint64_t seed) {
   }
 
   // Scales, bit for bit (NaN poison included).
-  const std::vector<uint32_t> got_s = d_s.download<uint32_t>();
+  const std::vector<uint32_t> got_s = d_s.to_host<uint32_t>();
   bad = 0;
   first = -1;
   for (size_t i = 0; i < got_s.size(); ++i)
@@ -258,7 +211,7 @@ void run_case(const Case& c, uint64_t seed) {
 
   // zero_out: every word +0.
   if (p.zero_out) {
-    const std::vector<uint32_t> got_z = d_zero.download<uint32_t>();
+    const std::vector<uint32_t> got_z = d_zero.to_host<uint32_t>();
     int64_t nonzero = 0;
     for (uint32_t w : got_z) nonzero += w != 0u;
     EXPECT_EQ(nonzero, 0) << "zero_out words not cleared to +0 (of " << got_z.size() << ")";

@@ -26,6 +26,13 @@ class DeviceBuffer {
     LOOM_CUDA_CHECK(cudaDeviceSynchronize());
     return b;
   }
+  // Overwrites the whole buffer with `host` (sizes must match).
+  template <class T>
+  void upload(const std::vector<T>& host) {
+    if (host.size() * sizeof(T) != bytes_) throw Error("DeviceBuffer::upload: size mismatch");
+    if (bytes_) LOOM_CUDA_CHECK(cudaMemcpy(ptr_, host.data(), bytes_, cudaMemcpyHostToDevice));
+    LOOM_CUDA_CHECK(cudaDeviceSynchronize());  // see from()
+  }
   DeviceBuffer clone() const {
     DeviceBuffer b(bytes_);
     if (bytes_) LOOM_CUDA_CHECK(cudaMemcpy(b.ptr_, ptr_, bytes_, cudaMemcpyDeviceToDevice));
