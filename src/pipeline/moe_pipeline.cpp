@@ -58,7 +58,9 @@ Plan plan(const Shape& s, const Routing& r, const Options& o) {
   p.sm_count = dev->sm_count;
   p.l2_bytes = dev->l2_bytes;
   p.device_name = dev->name;
-  p.gemm_config = choose_gemm_fp8_config(s.tokens, s.topk, s.experts, s.inter, s.hidden, o.deterministic, *dev).str();
+  GemmFp8Config gc = choose_gemm_fp8_config(s.tokens, s.topk, s.experts, s.inter, s.hidden, o.deterministic, *dev);
+  gc.prefetch = gc.prefetch && o.prefetch_weights;  // as run() will launch it
+  p.gemm_config = gc.str();
 
   const int64_t T = s.tokens, R = s.routes(), Rp = padded_rows(R), K = s.hidden, N = s.inter;
   size_t c = 0;
