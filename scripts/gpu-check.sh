@@ -5,6 +5,7 @@
 #   BUILD_DIR   build folder (default build)
 #   CHECK_BENCH extra `loom bench` runs, ';'-separated argument lists (default: the presets)
 #   GTEST_FILTER which tests to run (default all)
+#   SKIP_PEAKS  set: skip `loom peaks`
 set -uo pipefail
 cd "$(dirname "$0")/.."
 build=${BUILD_DIR:-build}
@@ -49,8 +50,10 @@ if [ -n "${SANITIZE_FILTER:-}" ] && command -v compute-sanitizer >/dev/null; the
   note "memcheck ($SANITIZE_FILTER): rc=$?"
 fi
 
-"$loom" peaks --json "$out/logs/peaks.json" > "$out/logs/peaks.txt" 2> "$out/logs/peaks.err"
-note "peaks: rc=$?"
+if [ -z "${SKIP_PEAKS:-}" ]; then
+  "$loom" peaks --json "$out/logs/peaks.json" > "$out/logs/peaks.txt" 2> "$out/logs/peaks.err"
+  note "peaks: rc=$?"
+fi
 
 IFS=';' read -r -a runs <<< "${CHECK_BENCH:---preset qwen35-single --tokens 1,8,32,128,512,2048,8192;--preset qwen35-single --tokens 128 --deterministic --no-check;--preset qwen35-single --dist zipf:1.2 --no-check;--preset qwen35-single --dist hot:0.9 --no-check;--preset qwen35-layer --tokens 1,128;--preset h200-bf16 --tokens 512}"
 i=0

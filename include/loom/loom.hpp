@@ -49,7 +49,7 @@ struct Plan {
   std::string gemm_config;  // printable kernel choice
   // Workspace carve-up (byte offsets), sized for shape.tokens.
   struct Layout {
-    size_t topk_ids, topk_weights, nan_flags, offsets, route_row, row_token, row_weight, a_sorted, a_scales, y,
+    size_t topk_ids, topk_weights, nan_flags, offsets, route_row, row_token, row_weight, x, x_scales, y,
         status, total;
   } layout{};
 };

@@ -2,7 +2,7 @@
 //  - launch_route_dispatch_small: routing AND the dispatch layout in one kernel, so the chain loses a
 //    kernel boundary. One token per warp (T <= 32: more tokens per warp would serialise their
 //    latency), softmax scoring only (sigmoid groups keep per-warp scratch 32 warps cannot afford).
-//    For T <= kSmallBatchQuantTokens it also quantises and gathers the activations (the whole
+//    Extra CTAs of the same launch quantise the activations in token order meanwhile (the whole
 //    glue in one kernel: the chain to the GEMM has a single boundary).
 //  - launch_dispatch_small: the dispatch layout alone, from top-k ids (any scoring), for up to
 //    kSmallBatchMaxRoutes routes: a lean single pass of counting, two scans and a stable walk.
@@ -18,7 +18,6 @@
 namespace loom {
 
 inline constexpr int kSmallBatchMaxTokens = 32;    // fused route+dispatch: one token per warp
-inline constexpr int kSmallBatchQuantTokens = 2;   // ... and quantise + gather in the same CTA
 inline constexpr int kSmallBatchMaxRoutes = 2048;  // dispatch alone (a single CTA beyond is slower)
 
 // Whether the fused route+dispatch kernel takes this batch.
@@ -27,9 +26,8 @@ bool route_dispatch_small_fits(int tokens, int topk, int experts, const Routing&
 bool dispatch_small_fits(int tokens, int topk, int experts);
 
 // route: logits -> topk_ids/topk_weights/nan_flags; dispatch: its outputs (its topk inputs and
-// nan_flags are ignored: the fused kernel uses what it routed); quant: nullptr, or the
-// quantise+gather stage to run in the same CTA (T <= kSmallBatchQuantTokens; its route_row input is
-// the dispatch's).
+// nan_flags are ignored: the fused kernel uses what it routed); quant: nullptr, or the token-order
+// quantisation (route_row = nullptr) to run in extra CTAs of the same launch.
 void launch_route_dispatch_small(const RouteTopkParams& route, const DispatchParams& dispatch,
                                  const QuantGatherParams* quant, cudaStream_t stream, bool pdl);
 void launch_dispatch_small(const DispatchParams& dispatch, cudaStream_t stream, bool pdl);

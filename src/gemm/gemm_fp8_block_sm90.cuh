@@ -6,7 +6,9 @@
 // 64-row MMA; the N width of each chunk is picked at run time from {16, 32, 64, 128} to fit the
 // expert's rows. A work unit is (expert, 128 weight rows); the persistent grid strides over units
 // in expert-major order, and each unit streams its 128 x K weight tile once through a TMA pipeline
-// for every chunk of up to 128 of the expert's rows.
+// for every chunk of up to 128 of the expert's rows. The chunk's activation rows are gathered by
+// token (row_token) from the token-order quantised activations with cp.async, or, for wide chunks,
+// loaded by TMA from an expert-sorted copy (XSource).
 //
 // Per 128-wide K block: four wgmma m64nWk32 into a block accumulator, then on the CUDA cores
 // final += block * weight_scale * activation_scale(column) (the promotion that bounds the tensor
@@ -27,6 +29,15 @@ namespace loom {
 
 enum class CombineMode { atomic, store };
 
+// Where a chunk's activation rows come from.
+//  gather_by_token: token-order quantised rows, gathered by row_token with cp.async: no sorted copy
+//                   to write, so small batches have one kernel before the GEMM. Chosen up to
+//                   kGatherMaxTokens tokens, where no chunk is wider than 32.
+//  sorted_rows:     an expert-sorted copy, loaded by TMA boxes (cp.async cannot keep the bytes of
+//                   64- and 128-wide chunks in flight: T=2048 GEMM 154.8 us gathered, 106 sorted).
+enum class XSource { gather_by_token, sorted_rows };
+inline constexpr int kGatherMaxTokens = 32;
+
 struct GemmFp8Config {
   int stages = 6;        // TMA pipeline depth (weight tile 16 KiB + activation tile per stage)
   int max_width = 128;   // widest token chunk (the MMA's N)
@@ -36,25 +47,27 @@ struct GemmFp8Config {
   bool dense = true;
   bool prefetch = true;  // dense only
   int split_k = 1;       // K ranges per (expert, 128 rows); > 1 only with the atomic combine
+  XSource x_source = XSource::gather_by_token;  // what GemmFp8Params::x holds
   std::string str() const;
 };
 
 // The config for a run of `tokens` tokens; every choice is printable and justified in the
-// implementation. deterministic: the combine must not depend on atomics (no split-K).
+// implementation. deterministic: the combine must not depend on atomics (no split-K). The caller
+// lays the activations out as x_source says.
 GemmFp8Config choose_gemm_fp8_config(int64_t tokens, int64_t topk, int64_t experts, int64_t n, int64_t k,
                                      bool deterministic, const DeviceInfo& device);
 
 struct GemmFp8Params {
   const uint8_t* weights = nullptr;        // [E, N, K] e4m3, K-major
   const float* weight_scales = nullptr;    // [E, ceil(N/128), ceil(K/128)]
-  const uint8_t* a_sorted = nullptr;       // [R_pad, K] e4m3 rows in expert order
-  const float* a_scales = nullptr;         // [ceil(K/128), R_pad]
+  const uint8_t* x = nullptr;              // [x_rows, K] e4m3: row t = token t, or the expert-sorted rows
+  const float* x_scales = nullptr;         // [ceil(K/128), x_rows] their 1x128 scales
+  int64_t x_rows = 0;                      // >= T, or R_pad (a multiple of 4) for sorted rows
   const int32_t* offsets = nullptr;        // [E+1]
-  const int32_t* row_token = nullptr;      // [R]
+  const int32_t* row_token = nullptr;      // [R] token of each expert-sorted row: the gather index
   const float* row_weight = nullptr;       // [R]
   float* out = nullptr;                    // atomic: [T, N] (zeroed before); store: [R, N]
   int experts = 0, n = 0, k = 0;
-  int64_t padded_rows = 0;                 // R_pad
   CombineMode combine = CombineMode::atomic;
 };
 

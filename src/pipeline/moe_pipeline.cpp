@@ -1,7 +1,9 @@
-// plan() and run(): the seed pipeline route -> dispatch -> quantise/gather -> FP8 grouped GEMM
-// (fused weighted combine, or row stores + deterministic combine), chained with PDL.
+// plan() and run(): the seed pipeline (route + token-order quantise) -> dispatch -> FP8 grouped GEMM
+// gathering its rows by token (fused weighted combine, or row stores + deterministic combine),
+// chained with PDL.
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <sstream>
 
 #include "common/cuda_check.hpp"
@@ -15,6 +17,7 @@
 #include "pipeline/moe_pipeline.hpp"
 #include "quant/quant_gather_sm90.cuh"
 #include "quant/quant_ref.hpp"
+#include "route/route_quant_sm90.cuh"
 #include "route/route_topk_sm90.cuh"
 
 namespace loom {
@@ -62,7 +65,10 @@ Plan plan(const Shape& s, const Routing& r, const Options& o) {
   gc.prefetch = gc.prefetch && o.prefetch_weights;  // as run() will launch it
   p.gemm_config = gc.str();
 
-  const int64_t T = s.tokens, R = s.routes(), Rp = padded_rows(R), K = s.hidden, N = s.inter;
+  const int64_t T = s.tokens, R = s.routes(), Tp = padded_rows(T), K = s.hidden, N = s.inter;
+  // Activation rows: one per token, or one per route when the largest batch takes the sorted copy
+  // (the choice is monotone in T: a smaller run may gather, never the other way round).
+  const int64_t x_rows = gc.x_source == XSource::sorted_rows ? std::max(Tp, padded_rows(R)) : Tp;
   size_t c = 0;
   Plan::Layout& L = p.layout;
   L.topk_ids = carve(c, size_t(R) * 4);
@@ -72,8 +78,8 @@ Plan plan(const Shape& s, const Routing& r, const Options& o) {
   L.route_row = carve(c, size_t(R) * 4);
   L.row_token = carve(c, size_t(R) * 4);
   L.row_weight = carve(c, size_t(R) * 4);
-  L.a_sorted = carve(c, size_t(Rp) * size_t(K));
-  L.a_scales = carve(c, size_t(quant_blocks(K)) * size_t(Rp) * 4);
+  L.x = carve(c, size_t(x_rows) * size_t(K));
+  L.x_scales = carve(c, size_t(quant_blocks(K)) * size_t(x_rows) * 4);
   L.y = carve(c, o.deterministic ? size_t(R) * size_t(N) * 4 : 0);
   L.status = carve(c, sizeof(LayerStatus));
   L.total = c;
@@ -87,10 +93,12 @@ std::string describe(const Plan& p) {
   o << "shape: " << describe(p.shape) << " (tokens = most per run)\n"
     << "routing: " << describe(p.routing) << "\n"
     << "device: " << p.device_name << ", " << p.sm_count << " SMs, L2 " << (p.l2_bytes >> 20) << " MiB\n"
-    << "kernels: route (warp per token) -> dispatch (counts, scan, stable rows; one CTA up to " << kSmallBatchMaxRoutes
-    << " routes, fused with softmax routing up to " << kSmallBatchMaxTokens << " tokens) -> quantise+gather (1x128, "
-       "bit-exact; in the fused kernel up to " << kSmallBatchQuantTokens << " tokens) -> "
-    << p.gemm_config << "\n"
+    << "kernels (GEMM gathering by token): route (warp per token) + quantise (1x128, bit-exact, token order) in one "
+       "launch -> dispatch (counts, scan, stable rows; one CTA up to " << kSmallBatchMaxRoutes
+    << " routes; for softmax up to " << kSmallBatchMaxTokens
+    << " tokens routing, dispatch and quantise are one launch) -> GEMM\n"
+    << "kernels (GEMM on sorted rows): route -> dispatch -> quantise+gather into expert order -> GEMM\n"
+    << "GEMM at " << p.shape.tokens << " tokens: " << p.gemm_config << "\n"
     << "combine: "
     << (p.options.deterministic ? "deterministic (row stores + slot-order sum, no float atomics)"
                                 : "fast (red.global.add.v4.f32 from the GEMM epilogue)")
@@ -104,6 +112,23 @@ std::string describe(const Plan& p) {
 bool fused_route_dispatch(const Plan& p, int64_t tokens, bool from_logits) {
   return from_logits && p.options.fuse_small_batch &&
          route_dispatch_small_fits(int(tokens), int(p.shape.topk), int(p.shape.experts), p.routing);
+}
+
+Chain chain_for(const Plan& p, int64_t tokens, bool from_logits) {
+  DeviceInfo dev;
+  dev.sm_count = p.sm_count;
+  dev.l2_bytes = p.l2_bytes;
+  const Shape& s = p.shape;
+  Chain c;
+  c.sorted_rows = choose_gemm_fp8_config(tokens, s.topk, s.experts, s.inter, s.hidden, p.options.deterministic, dev)
+                      .x_source == XSource::sorted_rows;
+  c.fused_route_dispatch = fused_route_dispatch(p, tokens, from_logits);
+  c.quant_with_route = from_logits && !c.sorted_rows;
+  return c;
+}
+
+std::string Chain::route_label() const {
+  return std::string("route") + (fused_route_dispatch ? "+dispatch" : "") + (quant_with_route ? "+quant" : "");
 }
 
 void run(const Plan& p, const Weights& w, const Inputs& in, void* output, void* workspace, cudaStream_t stream) {
@@ -125,7 +150,14 @@ void run_stages(const Plan& p, const Weights& w, const Inputs& in, void* output,
 
   const Plan::Layout& L = p.layout;
   const int T = int(in.tokens), E = int(s.experts), k = int(s.topk);
-  const int64_t R = int64_t(T) * k, Rp = padded_rows(R);
+  DeviceInfo dev;  // what the launchers need, fixed at plan time (no device query per run)
+  dev.sm_count = p.sm_count;
+  dev.l2_bytes = p.l2_bytes;
+  GemmFp8Config gc = choose_gemm_fp8_config(T, k, E, s.inter, s.hidden, p.options.deterministic, dev);
+  gc.prefetch = gc.prefetch && p.options.prefetch_weights;
+  const Chain chain = chain_for(p, T, from_logits);  // the same config choice, so the same layout
+  const bool sorted = chain.sorted_rows;
+  const int64_t x_rows = sorted ? padded_rows(int64_t(T) * k) : padded_rows(T);
   const bool pdl = p.options.pdl;
   int32_t* topk_ids = from_logits ? at<int32_t>(workspace, L.topk_ids) : const_cast<int32_t*>(in.topk_ids);
   float* topk_weights = from_logits ? at<float>(workspace, L.topk_weights) : const_cast<float*>(in.topk_weights);
@@ -134,7 +166,7 @@ void run_stages(const Plan& p, const Weights& w, const Inputs& in, void* output,
   const bool all = stages == Stages::all, glue = all || stages == Stages::glue_only;
   const bool do_route = glue || stages == Stages::route_only, do_dispatch = glue || stages == Stages::dispatch_only;
   const bool do_quant = glue || stages == Stages::quant_only, do_gemm = all || stages == Stages::gemm_only;
-  const bool fused = fused_route_dispatch(p, T, from_logits);
+  const bool fused = chain.fused_route_dispatch;
   RouteTopkParams rp;
   if (from_logits) {
     rp.logits = in.router_logits;
@@ -146,7 +178,6 @@ void run_stages(const Plan& p, const Weights& w, const Inputs& in, void* output,
     rp.experts = E;
     rp.topk = k;
     rp.routing = p.routing;
-    if (do_route && !fused) launch_route_topk(rp, stream, pdl);
   }
 
   DispatchParams dp;
@@ -161,39 +192,46 @@ void run_stages(const Plan& p, const Weights& w, const Inputs& in, void* output,
   dp.row_token = at<int32_t>(workspace, L.row_token);
   dp.row_weight = at<float>(workspace, L.row_weight);
   dp.status = status;
-  QuantGatherParams qp;
+  QuantGatherParams qp;  // token order (the GEMM gathers by token) or expert-sorted rows
   qp.hidden = static_cast<const uint16_t*>(in.hidden);
-  qp.route_row = dp.route_row;
+  qp.route_row = sorted ? dp.route_row : nullptr;
   qp.tokens = T;
   qp.hidden_dim = int(s.hidden);
   qp.topk = k;
-  qp.padded_rows = Rp;
-  qp.a_sorted = at<uint8_t>(workspace, L.a_sorted);
-  qp.a_scales = at<float>(workspace, L.a_scales);
+  qp.padded_rows = x_rows;
+  qp.a_sorted = at<uint8_t>(workspace, L.x);
+  qp.a_scales = at<float>(workspace, L.x_scales);
   // The fast combine accumulates into the output: clear it here, ordered before the GEMM.
   qp.zero_out = p.options.deterministic ? nullptr : static_cast<float*>(output);
   qp.zero_cols = s.inter;
-  // Tiny batches: the fused kernel also quantises, and the quantise kernel is not launched.
-  const bool fused_quant = fused && T <= kSmallBatchQuantTokens;
-  if (fused) {
-    if (do_route) launch_route_dispatch_small(rp, dp, fused_quant ? &qp : nullptr, stream, pdl);  // "route" stands for both when fused
-  } else if (do_dispatch) {
+
+  // The chain. Token order: from logits, routing and quantisation share one launch (small softmax
+  // batches also dispatch in it); from precomputed top-k ids, quantise then dispatch. Sorted rows:
+  // routing, dispatch, then the quantisation that writes each token to its sorted rows.
+  const bool quant_rides_with_route = chain.quant_with_route;
+  if (from_logits && do_route) {
+    if (fused)
+      launch_route_dispatch_small(rp, dp, quant_rides_with_route ? &qp : nullptr, stream, pdl);
+    else if (quant_rides_with_route)
+      launch_route_quant(rp, qp, stream, pdl);
+    else
+      launch_route_topk(rp, stream, pdl);
+  }
+  if (!quant_rides_with_route && !sorted && do_quant) launch_quant_gather(qp, stream, pdl);
+  if (!fused && do_dispatch) {
     if (p.options.fuse_small_batch && dispatch_small_fits(T, k, E))
       launch_dispatch_small(dp, stream, pdl);
     else
       launch_dispatch(dp, stream, pdl);
   }
+  if (sorted && do_quant) launch_quant_gather(qp, stream, pdl);
 
-  if (do_quant && !fused_quant) launch_quant_gather(qp, stream, pdl);
-
-  DeviceInfo dev;  // what the launchers need, fixed at plan time (no device query per run)
-  dev.sm_count = p.sm_count;
-  dev.l2_bytes = p.l2_bytes;
   GemmFp8Params gp;
   gp.weights = static_cast<const uint8_t*>(w.w1);
   gp.weight_scales = w.w1_scales;
-  gp.a_sorted = qp.a_sorted;
-  gp.a_scales = qp.a_scales;
+  gp.x = qp.a_sorted;
+  gp.x_scales = qp.a_scales;
+  gp.x_rows = x_rows;
   gp.offsets = dp.offsets;
   gp.row_token = dp.row_token;
   gp.row_weight = dp.row_weight;
@@ -201,10 +239,7 @@ void run_stages(const Plan& p, const Weights& w, const Inputs& in, void* output,
   gp.experts = E;
   gp.n = int(s.inter);
   gp.k = int(s.hidden);
-  gp.padded_rows = Rp;
   gp.combine = p.options.deterministic ? CombineMode::store : CombineMode::atomic;
-  GemmFp8Config gc = choose_gemm_fp8_config(T, k, E, s.inter, s.hidden, p.options.deterministic, dev);
-  gc.prefetch = gc.prefetch && p.options.prefetch_weights;
   if (do_gemm) launch_gemm_fp8(gp, gc, dev, stream, pdl);
 
   if (p.options.deterministic && all) {

@@ -2,6 +2,8 @@
 // GEMM alone on a workspace a full run prepared.
 #pragma once
 
+#include <string>
+
 #include "loom/loom.hpp"
 
 namespace loom {
@@ -17,6 +19,15 @@ enum class Stages {
 
 // Whether a run of `tokens` tokens from router logits uses the fused route+dispatch kernel.
 bool fused_route_dispatch(const Plan& p, int64_t tokens, bool from_logits);
+
+// The kernels a run launches before the GEMM, and what each one does.
+struct Chain {
+  bool fused_route_dispatch;  // one launch routes and dispatches (small softmax batches)
+  bool quant_with_route;      // the token-order quantisation rides in the routing launch
+  bool sorted_rows;           // the GEMM reads an expert-sorted copy, quantised after the dispatch
+  std::string route_label() const;  // what the routing launch does, e.g. "route+quant"
+};
+Chain chain_for(const Plan& p, int64_t tokens, bool from_logits);
 
 void run_stages(const Plan& p, const Weights& w, const Inputs& in, void* output, void* workspace, cudaStream_t stream,
                 Stages stages);

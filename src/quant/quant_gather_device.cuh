@@ -54,7 +54,9 @@ __device__ __forceinline__ float bf16_hi(uint32_t w) { return __uint_as_float(w 
 // caller's grid (warps and threads counted globally).
 __device__ __forceinline__ void quant_gather_body(const QuantGatherParams& p, uint64_t warp, uint64_t warps, int64_t tid,
                                                   int64_t nth) {
-  const int H = p.hidden_dim, k = p.topk;
+  // Token order (no route_row): token t's codes go to row t alone, as if it had one slot.
+  const bool token_order = p.route_row == nullptr;
+  const int H = p.hidden_dim, k = token_order ? 1 : p.topk;
   const uint32_t groups = uint32_t(H + 127) / 128u;
   const uint32_t chunks = uint32_t(H) / 16u;  // 16-element chunks per row
   const uint64_t units = uint64_t(p.tokens) * groups;
@@ -78,9 +80,9 @@ __device__ __forceinline__ void quant_gather_body(const QuantGatherParams& p, ui
       raw0 = __ldcg(src);
       raw1 = __ldcg(src + 1);
     }
-    const int32_t* slots = p.route_row + int64_t(t) * k;
+    const int32_t* slots = token_order ? nullptr : p.route_row + int64_t(t) * k;
     int32_t row_a = -1, row_b = -1;  // slots sub and 8 + sub
-    if (unit_ok && sub < k) row_a = __ldcg(slots + sub);
+    if (unit_ok && sub < k) row_a = token_order ? int32_t(t) : __ldcg(slots + sub);
     if (unit_ok && kLanesPerUnit + sub < k) row_b = __ldcg(slots + kLanesPerUnit + sub);
 
     // ---- amax over the group ----

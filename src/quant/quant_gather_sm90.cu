@@ -1,5 +1,6 @@
 #include "quant/quant_gather_sm90.cuh"
 
+#include <algorithm>
 #include <cstdint>
 #include <string>
 
@@ -14,7 +15,6 @@ namespace loom {
 namespace {
 
 constexpr int kThreads = 128;
-constexpr int kUnitsPerBlock = kThreads / quant_detail::kLanesPerUnit;
 
 __global__ void __launch_bounds__(kThreads) quant_gather_kernel(const QuantGatherParams p) {
   // Lets the next kernel start launching; it waits for this grid's completion itself.
@@ -31,8 +31,14 @@ bool aligned16(const void* ptr) { return (reinterpret_cast<uintptr_t>(ptr) & 15u
 
 }  // namespace
 
-void launch_quant_gather(const QuantGatherParams& p, cudaStream_t stream, bool pdl) {
-  const std::string who = "launch_quant_gather: ";
+int64_t quant_gather_threads(const QuantGatherParams& p) {
+  const int64_t units = int64_t(p.tokens) * ((int64_t(p.hidden_dim) + 127) / 128);
+  const int64_t zero4 = p.zero_out ? int64_t(p.tokens) * p.zero_cols / 4 : 0;
+  return std::max(units * quant_detail::kLanesPerUnit, (zero4 + 7) / 8);
+}
+
+void check_quant_gather(const QuantGatherParams& p) {
+  const std::string who = "quant_gather: ";
   if (p.tokens < 0) throw Error(who + "tokens must be >= 0, got " + std::to_string(p.tokens));
   if (p.tokens == 0) return;
   if (p.hidden_dim <= 0 || p.hidden_dim % 16 != 0)
@@ -40,20 +46,23 @@ void launch_quant_gather(const QuantGatherParams& p, cudaStream_t stream, bool p
   if (p.topk <= 0) throw Error(who + "topk must be positive, got " + std::to_string(p.topk));
   if (p.padded_rows <= 0 || p.padded_rows % 4 != 0)
     throw Error(who + "padded_rows must be a positive multiple of 4, got " + std::to_string(p.padded_rows));
-  if (!p.hidden || !p.route_row || !p.a_sorted || !p.a_scales) throw Error(who + "null buffer");
+  if (!p.hidden || !p.a_sorted || !p.a_scales) throw Error(who + "null buffer");
+  if (!p.route_row && p.padded_rows < p.tokens)
+    throw Error(who + "token order needs padded_rows >= tokens, got " + std::to_string(p.padded_rows));
   if (!aligned16(p.hidden) || !aligned16(p.a_sorted)) throw Error(who + "hidden and a_sorted must be 16-byte aligned");
   if (p.zero_out && (p.zero_cols < 0 || !aligned16(p.zero_out)))
     throw Error(who + "zero_out must be 16-byte aligned with zero_cols >= 0");
   const int64_t groups = (int64_t(p.hidden_dim) + 127) / 128;
   const int64_t units = int64_t(p.tokens) * groups;
   if (int64_t(p.tokens) * p.topk > INT32_MAX || units > INT32_MAX) throw Error(who + "problem too large");
+}
 
-  // One unit per 8 lanes; a grid-stride loop covers anything beyond the cap. Enough blocks that
-  // each thread clears at most ~8 float4 of zero_out per pass.
-  const int64_t zero4 = p.zero_out ? int64_t(p.tokens) * p.zero_cols / 4 : 0;
-  int64_t blocks = (units + kUnitsPerBlock - 1) / kUnitsPerBlock;
-  const int64_t zero_blocks = (zero4 + int64_t(kThreads) * 8 - 1) / (int64_t(kThreads) * 8);
-  if (zero_blocks > blocks) blocks = zero_blocks;
+void launch_quant_gather(const QuantGatherParams& p, cudaStream_t stream, bool pdl) {
+  check_quant_gather(p);
+  if (p.tokens == 0) return;
+
+  // A grid-stride loop covers anything beyond the cap.
+  int64_t blocks = (quant_gather_threads(p) + kThreads - 1) / kThreads;
   if (blocks > (int64_t(1) << 20)) blocks = int64_t(1) << 20;
   launch_kernel(quant_gather_kernel, dim3(unsigned(blocks)), dim3(kThreads), 0, stream, pdl, p);
 }

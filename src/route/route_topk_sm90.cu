@@ -68,7 +68,7 @@ void launch_for_scoring(const RouteTopkParams& p, int slots, dim3 grid, cudaStre
 
 }  // namespace
 
-void launch_route_topk(const RouteTopkParams& p, cudaStream_t stream, bool pdl) {
+void check_route_topk(const RouteTopkParams& p) {
   if (p.tokens < 0) throw Error("route_topk: tokens must be >= 0, got " + std::to_string(p.tokens));
   if (p.experts <= 0 || p.experts > kRouteMaxExperts)
     throw Error("route_topk: experts = " + std::to_string(p.experts) + " is outside the kernel's range [1, " +
@@ -80,8 +80,13 @@ void launch_route_topk(const RouteTopkParams& p, cudaStream_t stream, bool pdl) 
   shape.experts = p.experts;
   shape.topk = p.topk;
   validate(p.routing, shape);
+  if (p.tokens > 0 && (!p.logits || !p.topk_ids || !p.topk_weights || !p.nan_flags))
+    throw Error("route_topk: null device pointer");
+}
+
+void launch_route_topk(const RouteTopkParams& p, cudaStream_t stream, bool pdl) {
+  check_route_topk(p);
   if (p.tokens == 0) return;
-  if (!p.logits || !p.topk_ids || !p.topk_weights || !p.nan_flags) throw Error("route_topk: null device pointer");
 
   int slots = 1;  // per lane: ceil(E / 32) rounded up to a power of two
   while (slots * 32 < p.experts) slots *= 2;

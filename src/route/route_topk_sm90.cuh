@@ -33,6 +33,9 @@ struct RouteTopkParams {
   Routing routing;
 };
 
+// Throws loom::Error for what launch_route_topk rejects (below).
+void check_route_topk(const RouteTopkParams& p);
+
 // Enqueues the routing kernel on `stream`, with the programmatic-dependent-launch attribute when
 // `pdl` (the kernel waits for its predecessor before touching memory). No host synchronisation.
 // Throws loom::Error for unsupported sizes (E > 512, k > 16, k > E), a bad routing (loom::validate)

@@ -138,14 +138,16 @@ TEST(RouteDispatchSmallGpu, MatchesRouteThenDispatchBitForBit) {
   }
 }
 
+// The quantising CTAs of the fused launch write what the token-order quantise kernel writes, and
+// clear the output, while CTA 0 routes and dispatches.
 TEST(RouteDispatchSmallGpu, FusedQuantiseMatchesTheQuantiseKernelBitForBit) {
   LOOM_REQUIRE_GPU();
   LOOM_FRESH_SEED();
   Rng rng(seed);
-  for (const auto& [T, E, k, H] : {std::tuple{1, 256, 8, 2048}, std::tuple{2, 64, 16, 7168}, std::tuple{2, 8, 2, 192}}) {
+  for (const auto& [T, E, k, H] :
+       {std::tuple{1, 256, 8, 2048}, std::tuple{32, 64, 16, 7168}, std::tuple{17, 8, 2, 192}, std::tuple{8, 256, 8, 8192}}) {
     SCOPED_TRACE(testing::Message() << "T=" << T << " E=" << E << " k=" << k << " H=" << H);
-    const int R = T * k;
-    const int64_t Rp = (R + 3) / 4 * 4, G = (H + 127) / 128;
+    const int64_t Tp = (T + 3) / 4 * 4, G = (H + 127) / 128;
     std::vector<float> logits(static_cast<size_t>(T) * E);
     for (auto& x : logits) x = float(rng.normal());
     std::vector<uint16_t> hidden(static_cast<size_t>(T) * H);
@@ -154,19 +156,20 @@ TEST(RouteDispatchSmallGpu, FusedQuantiseMatchesTheQuantiseKernelBitForBit) {
     std::vector<std::vector<uint8_t>> codes;
     std::vector<std::vector<float>> scales;
     std::vector<std::vector<float>> zeroed;
+    std::vector<std::vector<int32_t>> rows;
     for (int fused = 0; fused < 2; ++fused) {
       Buffers buf(dl.as<float>(), T, E, k, Routing{});
       RouteTopkParams& rp = buf.rp;
       DispatchParams& dp = buf.dp;
-      DeviceBuffer a(size_t(Rp * H)), as(size_t(G * Rp) * 4), z(size_t(T) * 64 * 4);
+      DeviceBuffer a(size_t(Tp * H)), as(size_t(G * Tp) * 4), z(size_t(T) * 64 * 4);
       for (DeviceBuffer* b : {&a, &as, &z}) LOOM_CUDA_CHECK(cudaMemset(b->get(), 0x7f, b->bytes()));
       QuantGatherParams qp;
       qp.hidden = dh.as<uint16_t>();
-      qp.route_row = dp.route_row;
+      qp.route_row = nullptr;
       qp.tokens = T;
       qp.hidden_dim = H;
       qp.topk = k;
-      qp.padded_rows = Rp;
+      qp.padded_rows = Tp;
       qp.a_sorted = a.as<uint8_t>();
       qp.a_scales = as.as<float>();
       qp.zero_out = z.as<float>();
@@ -182,7 +185,9 @@ TEST(RouteDispatchSmallGpu, FusedQuantiseMatchesTheQuantiseKernelBitForBit) {
       codes.push_back(a.to_host<uint8_t>());
       scales.push_back(as.to_host<float>());
       zeroed.push_back(z.to_host<float>());
+      rows.push_back(buf.rr.to_host<int32_t>());
     }
+    EXPECT_EQ(rows[0], rows[1]);
     EXPECT_EQ(codes[0], codes[1]);
     EXPECT_EQ(std::memcmp(scales[0].data(), scales[1].data(), scales[0].size() * 4), 0);
     for (float v : zeroed[1]) ASSERT_EQ(v, 0.0f);

@@ -1,5 +1,6 @@
-// The FP8 grouped GEMM alone, on inputs laid out by the CPU references (dispatch, quantise):
-// both epilogues against grouped_gemm_ref + combine_ref, per token row.
+// The FP8 grouped GEMM alone, on inputs laid out by the CPU references (dispatch, quantise): both
+// activation sources (gathered by token from token order, and an expert-sorted copy) and both
+// epilogues against grouped_gemm_ref + combine_ref, per row.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -34,14 +35,20 @@ void run_case(const GemmCase& c, CombineMode mode, uint64_t seed) {
   const Routes routes = make_routes(s, Routing{}, parse_distribution(c.dist), seed + 1);
   const std::vector<bf16> hidden = make_hidden(s, seed + 2);
   const Dispatch d = dispatch_ref(routes.topk.ids.data(), s.tokens, s.topk, s.experts);
-  const int64_t R = s.routes(), Rp = padded_rows(R), K = s.hidden, N = s.inter, KB = quant_blocks(K);
+  const int64_t R = s.routes(), Tp = padded_rows(s.tokens), Rp = padded_rows(R), K = s.hidden, N = s.inter,
+                KB = quant_blocks(K);
 
-  // Activations: quantise each token once (the reference), gather into sorted rows, scales MN-major.
+  // Activations, quantised once per token by the reference, in both layouts the GEMM reads (scales
+  // MN-major): token order (x), and the expert-sorted copy (a_sorted). Rows no token or route owns
+  // hold NaN codes and scales. The reference's sorted rows (a_rows) are what the GEMM must see.
   std::vector<uint8_t> tq(size_t(s.tokens * K));
   std::vector<float> ts(size_t(s.tokens * KB));
   quantize_1x128_ref(hidden.data(), s.tokens, K, tq.data(), ts.data());
-  std::vector<uint8_t> a_sorted(size_t(Rp * K), 0x7f);  // NaN codes in rows no route owns
-  std::vector<float> a_scales(size_t(KB * Rp), NAN);
+  std::vector<uint8_t> x(size_t(Tp * K), 0x7f), a_sorted(size_t(Rp * K), 0x7f);
+  std::vector<float> x_scales(size_t(KB * Tp), NAN), a_scales(size_t(KB * Rp), NAN);
+  std::copy(tq.begin(), tq.end(), x.begin());
+  for (int64_t t = 0; t < s.tokens; ++t)
+    for (int64_t g = 0; g < KB; ++g) x_scales[size_t(g * Tp + t)] = ts[size_t(t * KB + g)];
   std::vector<uint8_t> a_rows(size_t(R * K));
   std::vector<float> a_row_scales(size_t(R * KB));
   std::vector<int32_t> row_token(size_t(R), -1);
@@ -50,11 +57,11 @@ void run_case(const GemmCase& c, CombineMode mode, uint64_t seed) {
     const int32_t row = d.route_row[size_t(route)];
     if (row < 0) continue;
     const int64_t t = route / s.topk;
-    std::copy_n(&tq[size_t(t * K)], K, &a_sorted[size_t(row * K)]);
     std::copy_n(&tq[size_t(t * K)], K, &a_rows[size_t(row * K)]);
+    std::copy_n(&tq[size_t(t * K)], K, &a_sorted[size_t(row * K)]);
     for (int64_t g = 0; g < KB; ++g) {
-      a_scales[size_t(g * Rp + row)] = ts[size_t(t * KB + g)];
       a_row_scales[size_t(row * KB + g)] = ts[size_t(t * KB + g)];
+      a_scales[size_t(g * Rp + row)] = ts[size_t(t * KB + g)];
     }
     row_token[size_t(row)] = int32_t(t);
     row_weight[size_t(row)] = routes.topk.weights[size_t(route)];
@@ -70,20 +77,26 @@ void run_case(const GemmCase& c, CombineMode mode, uint64_t seed) {
   ar.q = a_rows.data();
   ar.scales = a_row_scales.data();
   grouped_gemm_ref(ar, d.offsets.data(), w.w1_view(), y.data());
+  std::vector<double> ref;
+  if (mode == CombineMode::atomic) {
+    ref.resize(size_t(s.tokens * N));
+    combine_ref(y.data(), N, d, routes.topk, ref.data());
+  } else {  // each sorted row holds weight * (x . W^T)
+    ref.resize(size_t(rows * N));
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t n = 0; n < N; ++n) ref[size_t(r * N + n)] = double(row_weight[size_t(r)]) * y[size_t(r * N + n)];
+  }
 
   DeviceBuffer dw = DeviceBuffer::from(w.w1_q), dws = DeviceBuffer::from(w.w1_scales);
+  DeviceBuffer dx = DeviceBuffer::from(x), dxs = DeviceBuffer::from(x_scales);
   DeviceBuffer da = DeviceBuffer::from(a_sorted), das = DeviceBuffer::from(a_scales);
   DeviceBuffer doff = DeviceBuffer::from(d.offsets), dtok = DeviceBuffer::from(row_token),
                dwt = DeviceBuffer::from(row_weight);
   const int64_t out_rows = mode == CombineMode::atomic ? s.tokens : R;
   DeviceBuffer dout(size_t(out_rows * N) * 4);
-  // Atomic mode accumulates into zeros; store mode must overwrite every valid row (poison it).
-  LOOM_CUDA_CHECK(cudaMemset(dout.get(), mode == CombineMode::atomic ? 0 : 0xff, dout.bytes()));
   GemmFp8Params p;
   p.weights = dw.as<uint8_t>();
   p.weight_scales = dws.as<float>();
-  p.a_sorted = da.as<uint8_t>();
-  p.a_scales = das.as<float>();
   p.offsets = doff.as<int32_t>();
   p.row_token = dtok.as<int32_t>();
   p.row_weight = dwt.as<float>();
@@ -91,44 +104,45 @@ void run_case(const GemmCase& c, CombineMode mode, uint64_t seed) {
   p.experts = int(s.experts);
   p.n = int(N);
   p.k = int(K);
-  p.padded_rows = Rp;
   p.combine = mode;
   const DeviceInfo dev = *query_device();
-  launch_gemm_fp8(p, choose_gemm_fp8_config(s.tokens, s.topk, s.experts, N, K, mode == CombineMode::store, dev), dev,
-                  nullptr, false);
-  LOOM_CUDA_CHECK(cudaDeviceSynchronize());
-  std::vector<float> got = dout.to_host<float>();
+  auto launch = [&](const GemmFp8Config& cfg) {
+    const bool gather = cfg.x_source == XSource::gather_by_token;
+    p.x = gather ? dx.as<uint8_t>() : da.as<uint8_t>();
+    p.x_scales = gather ? dxs.as<float>() : das.as<float>();
+    p.x_rows = gather ? Tp : Rp;
+    // Atomic mode accumulates into zeros; store mode must overwrite every valid row (poison it).
+    LOOM_CUDA_CHECK(cudaMemset(dout.get(), mode == CombineMode::atomic ? 0 : 0xff, dout.bytes()));
+    launch_gemm_fp8(p, cfg, dev, nullptr, false);
+    LOOM_CUDA_CHECK(cudaGetLastError());
+    LOOM_CUDA_CHECK(cudaDeviceSynchronize());
+    return dout.to_host<float>();
+  };
+
+  const GemmFp8Config chosen = choose_gemm_fp8_config(s.tokens, s.topk, s.experts, N, K, mode == CombineMode::store, dev);
+  std::vector<float> got;
+  for (XSource source : {XSource::gather_by_token, XSource::sorted_rows}) {
+    GemmFp8Config cfg = chosen;
+    cfg.x_source = source;
+    SCOPED_TRACE(cfg.str());
+    got = launch(cfg);
+    const ErrorStats e = relative_error(got.data(), ref.data(), out_rows, N);
+    EXPECT_LE(e.overall, 2e-3);
+    EXPECT_LE(e.worst_row, 1e-2) << "worst " << (mode == CombineMode::atomic ? "token" : "sorted") << " row "
+                                 << e.worst_row_index;
+  }
   // Every unit walk (dense / compact) and split-K setting computes the same product.
   if (mode == CombineMode::atomic) {
+    const std::vector<double> base(got.begin(), got.end());
     for (const auto& [dense, split] : {std::pair{true, 1}, std::pair{false, 1}, std::pair{false, 3}}) {
-      GemmFp8Config cfg = choose_gemm_fp8_config(s.tokens, s.topk, s.experts, N, K, false, dev);
+      GemmFp8Config cfg = chosen;
       cfg.dense = dense;
       cfg.prefetch = dense;
       cfg.split_k = split;
-      LOOM_CUDA_CHECK(cudaMemset(dout.get(), 0, dout.bytes()));
-      launch_gemm_fp8(p, cfg, dev, nullptr, false);
-      LOOM_CUDA_CHECK(cudaDeviceSynchronize());
-      const std::vector<float> again = dout.to_host<float>();
-      std::vector<double> base(got.begin(), got.end());
+      const std::vector<float> again = launch(cfg);
       const ErrorStats e = relative_error(again.data(), base.data(), s.tokens, N);
       EXPECT_LE(e.overall, 1e-5) << cfg.str();
     }
-  }
-
-  if (mode == CombineMode::atomic) {
-    std::vector<double> ref(size_t(s.tokens * N));
-    combine_ref(y.data(), N, d, routes.topk, ref.data());
-    const ErrorStats e = relative_error(got.data(), ref.data(), s.tokens, N);
-    EXPECT_LE(e.overall, 2e-3);
-    EXPECT_LE(e.worst_row, 1e-2) << "worst token row " << e.worst_row_index;
-  } else {
-    // Each sorted row holds weight * (x . W^T).
-    std::vector<double> ref(size_t(rows * N));
-    for (int64_t r = 0; r < rows; ++r)
-      for (int64_t n = 0; n < N; ++n) ref[size_t(r * N + n)] = double(row_weight[size_t(r)]) * y[size_t(r * N + n)];
-    const ErrorStats e = relative_error(got.data(), ref.data(), rows, N);
-    EXPECT_LE(e.overall, 2e-3);
-    EXPECT_LE(e.worst_row, 1e-2) << "worst sorted row " << e.worst_row_index;
   }
 }
 

@@ -84,12 +84,13 @@ struct Case {
   int64_t zero_cols;  // < 0: no zero_out buffer
   Distribution dist;
   bool pdl;
+  bool token_order = false;  // route_row = nullptr: row t = token t (what the pipeline runs)
 };
 
 std::string describe(const Case& c) {
   std::ostringstream s;
   s << "T=" << c.T << " H=" << c.H << " k=" << c.k << " E=" << c.E << " zero_cols=" << c.zero_cols
-    << " dist=" << to_string(c.dist) << " pdl=" << c.pdl;
+    << " dist=" << to_string(c.dist) << " pdl=" << c.pdl << (c.token_order ? " token-order" : " gathered");
   return s.str();
 }
 
@@ -116,7 +117,7 @@ void run_case(const Case& c, uint64_t seed) {
   SCOPED_TRACE(describe(c));
   const int64_t T = c.T, H = c.H, k = c.k;
   const int64_t G = quant_blocks(H);
-  const int64_t R_pad = padded_rows(T * k);
+  const int64_t R_pad = c.token_order ? padded_rows(T) : padded_rows(T * k);
 
   Shape shape;
   shape.tokens = T;
@@ -134,16 +135,17 @@ void run_case(const Case& c, uint64_t seed) {
   }
   const Dispatch d = make_dispatch(c, seed);
 
-  // Host expectation: quantise every token once, copy to each of its sorted rows.
+  // Host expectation: quantise every token once, copy to each of its sorted rows (token order: to
+  // row t; the padding rows keep their poison).
   std::vector<uint8_t> q_ref(size_t(T * H));
   std::vector<float> s_ref(size_t(T * G));
   quantize_1x128_ref(hidden.data(), T, H, q_ref.data(), s_ref.data());
   std::vector<uint8_t> want_a(size_t(R_pad * H), kCodePoison);
   std::vector<uint32_t> want_s(size_t(G * R_pad), kNaNBits);
-  for (int64_t r = 0; r < T * k; ++r) {
-    const int32_t row = d.route_row[size_t(r)];
+  for (int64_t r = 0; r < (c.token_order ? T : T * k); ++r) {
+    const int32_t row = c.token_order ? int32_t(r) : d.route_row[size_t(r)];
     if (row < 0) continue;
-    const int64_t t = r / k;
+    const int64_t t = c.token_order ? r : r / k;
     std::memcpy(want_a.data() + row * H, q_ref.data() + t * H, size_t(H));
     for (int64_t g = 0; g < G; ++g) std::memcpy(&want_s[size_t(g * R_pad + row)], &s_ref[size_t(t * G + g)], 4);
   }
@@ -160,7 +162,7 @@ void run_case(const Case& c, uint64_t seed) {
 
   QuantGatherParams p;
   p.hidden = d_hidden.as<uint16_t>();
-  p.route_row = d_route.as<int32_t>();
+  p.route_row = c.token_order ? nullptr : d_route.as<int32_t>();
   p.tokens = c.T;
   p.hidden_dim = c.H;
   p.topk = c.k;
@@ -180,7 +182,8 @@ void run_case(const Case& c, uint64_t seed) {
     if (got_a[i] != want_a[i] && bad++ == 0) first = int64_t(i);
   if (bad) {
     const int64_t row = first / H, col = first % H;
-    const int32_t route = row < int64_t(d.row_route.size()) ? d.row_route[size_t(row)] : -1;
+    const int32_t route = c.token_order ? (row < T ? int32_t(row * k) : -1)
+                                        : row < int64_t(d.row_route.size()) ? d.row_route[size_t(row)] : -1;
     std::ostringstream s;
     s << bad << " code bytes differ; first at sorted row " << row << " col " << col << ": got 0x" << std::hex
       << int(got_a[size_t(first)]) << " want 0x" << int(want_a[size_t(first)]) << std::dec;
@@ -239,6 +242,7 @@ TEST(QuantGatherGpu, MatchesReferenceBitForBit) {
       c.zero_cols = zero_cols[n % 7];
       c.dist = dists[n % 3];
       c.pdl = n % 2 == 0;
+      c.token_order = n % 3 == 1;
       run_case(c, seed + uint64_t(n));
       ++n;
       if (HasFatalFailure()) return;
@@ -316,7 +320,10 @@ TEST(QuantGather, LauncherChecksShapes) {
   bad([](QuantGatherParams& q) { q.topk = 0; });
   bad([](QuantGatherParams& q) { q.padded_rows = 6; });
   bad([](QuantGatherParams& q) { q.padded_rows = 0; });
-  bad([](QuantGatherParams& q) { q.route_row = nullptr; });
+  bad([](QuantGatherParams& q) {  // token order needs a row per token: 9 tokens, 8 rows
+    q.route_row = nullptr;
+    q.tokens = 9;
+  });
   bad([&](QuantGatherParams& q) { q.hidden = static_cast<const uint16_t*>(fake(0x10008)); });
   bad([&](QuantGatherParams& q) { q.a_sorted = static_cast<uint8_t*>(fake(0x30004)); });
   bad([&](QuantGatherParams& q) {

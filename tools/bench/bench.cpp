@@ -164,12 +164,15 @@ void measure_gpu(const BenchOptions& opt, const Plan& plan, const Shape& s, cons
   // the GEMM: where the end-to-end time beyond the GEMM goes.
   TimerOptions brief = topt;
   brief.reps = std::min(topt.reps, 200);
-  const bool fused = fused_route_dispatch(plan, s.tokens, from_logits);
+  const Chain chain = chain_for(plan, s.tokens, from_logits);
   for (const auto& [name, stages] : {std::pair{"route", Stages::route_only}, std::pair{"dispatch", Stages::dispatch_only},
                                      std::pair{"quant", Stages::quant_only}, std::pair{"glue_chain", Stages::glue_only}}) {
+    // Each launch is timed once, under the name of what it does (the quantisation may ride in the
+    // routing launch, the dispatch too).
     if (stages == Stages::route_only && !from_logits) continue;
-    if (stages == Stages::dispatch_only && fused) continue;  // timed with routing, as "route+dispatch"
-    const std::string label = stages == Stages::route_only && fused ? "route+dispatch" : name;
+    if (stages == Stages::quant_only && chain.quant_with_route) continue;
+    if (stages == Stages::dispatch_only && chain.fused_route_dispatch) continue;
+    const std::string label = stages == Stages::route_only ? chain.route_label() : name;
     auto f = [&, st3 = stages](cudaStream_t st2, int c) {
       run_stages(plan, weights_of(c), in, d_out.get(), d_ws.get(), st2, st3);
     };

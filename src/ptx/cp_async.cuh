@@ -1,0 +1,31 @@
+// Non-bulk cp.async (sm_80+) wrappers: per-thread 16- and 4-byte global -> shared copies whose
+// completion an mbarrier tracks. CCCL's cuda::ptx has no non-bulk cp.async, hence inline PTX.
+//
+// The writes land through the generic proxy: a reader that feeds them to wgmma (async proxy) must
+// execute fence.proxy.async after it observed the mbarrier phase and before the MMA.
+#pragma once
+
+#include <cstdint>
+
+namespace loom::ptx {
+
+__device__ __forceinline__ uint32_t smem_u32(const void* p) { return uint32_t(__cvta_generic_to_shared(p)); }
+
+// Copies src_bytes (0 or 16) from `src` and zero-fills the rest of the 16-byte destination; with
+// src_bytes = 0 nothing is read (src must still be a valid address expression).
+__device__ __forceinline__ void cp_async_16_zfill(uint32_t dst, const void* src, uint32_t src_bytes) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst), "l"(src), "r"(src_bytes) : "memory");
+}
+
+// 4-byte variant (.ca: .cg takes 16 bytes only).
+__device__ __forceinline__ void cp_async_4_zfill(uint32_t dst, const void* src, uint32_t src_bytes) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;" ::"r"(dst), "l"(src), "r"(src_bytes) : "memory");
+}
+
+// One arrival on `bar` once every cp.async this thread issued so far has landed. .noinc: the arrival
+// counts against the barrier's expected count (init it with one arrival per calling thread).
+__device__ __forceinline__ void cp_async_mbar_arrive_noinc(uint64_t* bar) {
+  asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];" ::"r"(smem_u32(bar)) : "memory");
+}
+
+}  // namespace loom::ptx

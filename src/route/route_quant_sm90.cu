@@ -1,0 +1,68 @@
+#include "route/route_quant_sm90.cuh"
+
+#include <algorithm>
+#include <string>
+
+#include "common/launch.hpp"
+#include "ptx/pdl.cuh"
+#include "quant/quant_gather_device.cuh"
+#include "route/route_topk_device.cuh"
+
+namespace loom {
+
+namespace {
+
+constexpr int kWarpsPerCta = 4;  // as the routing kernel: one token per warp
+constexpr int kThreads = kWarpsPerCta * 32;
+
+template <int V, bool kSigmoid>
+__global__ void __launch_bounds__(kThreads) route_quant_kernel(const RouteTopkParams rp, const QuantGatherParams qp,
+                                                               int route_ctas) {
+  // Every CTA, routing or quantising: the buffers written here may still be read by the previous
+  // run's kernels.
+  ptx::pdl_wait();
+  ptx::pdl_launch_dependents();
+  const int lane = int(threadIdx.x) & 31, warp = int(threadIdx.x) >> 5;
+  if (int(blockIdx.x) < route_ctas) {
+    const int64_t token = int64_t(blockIdx.x) * kWarpsPerCta + warp;
+    if (token < rp.tokens) route_detail::route_one_token<V, kSigmoid, kWarpsPerCta>(rp, token, lane, warp);
+  } else {
+    const int64_t block = int64_t(blockIdx.x) - route_ctas, blocks = int64_t(gridDim.x) - route_ctas;
+    const int64_t tid = block * kThreads + threadIdx.x, nth = blocks * kThreads;
+    quant_detail::quant_gather_body(qp, uint64_t(tid) >> 5, uint64_t(nth) >> 5, tid, nth);
+  }
+}
+
+template <bool kSigmoid>
+void launch_for_scoring(const RouteTopkParams& rp, const QuantGatherParams& qp, int slots, int route_ctas,
+                        int quant_ctas, cudaStream_t stream, bool pdl) {
+  const dim3 grid(unsigned(route_ctas + quant_ctas)), block(kThreads);
+  switch (slots) {
+    case 1: launch_kernel(route_quant_kernel<1, kSigmoid>, grid, block, 0, stream, pdl, rp, qp, route_ctas); break;
+    case 2: launch_kernel(route_quant_kernel<2, kSigmoid>, grid, block, 0, stream, pdl, rp, qp, route_ctas); break;
+    case 4: launch_kernel(route_quant_kernel<4, kSigmoid>, grid, block, 0, stream, pdl, rp, qp, route_ctas); break;
+    case 8: launch_kernel(route_quant_kernel<8, kSigmoid>, grid, block, 0, stream, pdl, rp, qp, route_ctas); break;
+    default: launch_kernel(route_quant_kernel<16, kSigmoid>, grid, block, 0, stream, pdl, rp, qp, route_ctas); break;
+  }
+}
+
+}  // namespace
+
+void launch_route_quant(const RouteTopkParams& rp, const QuantGatherParams& qp, cudaStream_t stream, bool pdl) {
+  check_route_topk(rp);
+  check_quant_gather(qp);
+  if (qp.route_row != nullptr || qp.tokens != rp.tokens)
+    throw Error("route_quant: the quantisation must be token order over the routed tokens");
+  if (rp.tokens == 0) return;
+  int slots = 1;  // per lane: ceil(E / 32) rounded up to a power of two
+  while (slots * 32 < rp.experts) slots *= 2;
+  const int64_t route_ctas = (int64_t(rp.tokens) + kWarpsPerCta - 1) / kWarpsPerCta;
+  const int64_t quant_ctas = std::min<int64_t>((quant_gather_threads(qp) + kThreads - 1) / kThreads, int64_t(1) << 20);
+  if (route_ctas + quant_ctas > INT32_MAX) throw Error("route_quant: problem too large");
+  if (rp.routing.scoring == Scoring::softmax)
+    launch_for_scoring<false>(rp, qp, slots, int(route_ctas), int(quant_ctas), stream, pdl);
+  else
+    launch_for_scoring<true>(rp, qp, slots, int(route_ctas), int(quant_ctas), stream, pdl);
+}
+
+}  // namespace loom
