@@ -31,6 +31,13 @@ struct Options {
   bool prefetch_weights = false;
   // Small batches routed by softmax: routing and dispatch in one single-CTA kernel.
   bool fuse_small_batch = true;
+  // FP8 promotion with a single accumulator rescaled in place at each 128-wide K block (x s_prev /
+  // s_next) instead of a block accumulator added into a second one. Measured against the default
+  // (docs/perf.md: slower, and no better in error); kept as an option so the figures reproduce.
+  bool rescale_promotion = false;
+  // Fast combine by cp.reduce.async.bulk of staged rows instead of red.global.add.v4.f32 from
+  // registers. Measured against the default (docs/perf.md); an option so the figures reproduce.
+  bool bulk_combine = false;
 };
 
 // The GPU path's limits (plan() rejects anything beyond them with a message saying which):

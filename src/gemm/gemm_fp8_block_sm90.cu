@@ -78,6 +78,7 @@ struct KernelArgs {
   int prefetch;
   int dense;
   int split_k, kblocks_per_split;
+  int bulk_combine;  // atomic mode: cp.reduce.async.bulk rows instead of red.v4 (GemmFp8Config)
 };
 
 struct alignas(1024) SharedStorage {
@@ -156,9 +157,10 @@ __device__ __forceinline__ void build_hit_list(SharedStorage& s, const KernelArg
 }
 
 // Waits for a stage and issues its four k32 MMAs into `acc` (overwriting it: scale-d = 0 first).
+// accumulate: add onto acc (the in-place rescale variant) instead of overwriting it.
 template <int W>
 __device__ __forceinline__ void issue_block(SharedStorage& s, float (&acc)[W / 2], uint32_t stage, uint32_t phase,
-                                            int consumer, bool gather) {
+                                            int consumer, bool gather, bool accumulate = false) {
   ptx::mbar_wait(&s.full[stage], phase);
   // A gathered activation tile arrived through cp.async (generic proxy); wgmma reads it through
   // the async proxy.
@@ -171,7 +173,7 @@ __device__ __forceinline__ void issue_block(SharedStorage& s, float (&acc)[W / 2
 #pragma unroll
   for (int ks = 0; ks < kBlockK / 32; ++ks) {
     // +32 bytes along K per k32 step = +2 in the descriptor's 16-byte address units.
-    ptx::WgmmaE4M3<W>::mma(acc, desc_a + 2 * ks, desc_b + 2 * ks, ks);
+    ptx::WgmmaE4M3<W>::mma(acc, desc_a + 2 * ks, desc_b + 2 * ks, ks > 0 || accumulate ? 1 : 0);
   }
   ptx::wgmma_commit_group();
 }
@@ -206,7 +208,7 @@ __device__ __forceinline__ void promote_block(SharedStorage& s, float (&acc)[W /
 
 // One chunk (up to W of an expert's rows against 128 weight rows) on one consumer warpgroup:
 // the K loop with per-block promotion, then the weighted epilogue.
-template <int W>
+template <int W, bool kRescale>
 __device__ __forceinline__ void consume_chunk(SharedStorage& s, PipelineState& ps, const KernelArgs& a, const Unit& unit,
                                               int row0, int chunk_rows, int consumer) {
   const int e = unit.expert, nb = unit.nb;
@@ -221,9 +223,7 @@ __device__ __forceinline__ void consume_chunk(SharedStorage& s, PipelineState& p
   const int32_t row_t = wg_row < chunk_rows && a.atomic ? __ldg(a.row_token + row0 + wg_row) : 0;
   const bool gather = a.gather != 0;
   const int scale_shift = gather ? 0 : row0 % kScaleAlign;
-  float final_acc[kRegs];
-#pragma unroll
-  for (int i = 0; i < kRegs; ++i) final_acc[i] = 0.0f;
+  float final_acc[kRegs];  // zeroed below by the two-accumulator paths; the rescale path writes it at the end
   const float* wscale = a.weight_scales + (int64_t(e) * a.nblocks + nb) * a.kblocks;
   // The unit's weight scales, 32 K blocks at a time, one per lane: a global load per stage would
   // put its latency on every stage's critical path.
@@ -234,7 +234,57 @@ __device__ __forceinline__ void consume_chunk(SharedStorage& s, PipelineState& p
     return __shfl_sync(0xffffffffu, sw_lane, i % 32);
   };
 
-  if constexpr (W > 64) {
+  if constexpr (kRescale) {
+    // One accumulator in units of the current block's scale s = weight_scale * activation_scale
+    // (per column): before block kb's MMAs add onto it, acc *= s_{kb-1} / s_kb; at the end
+    // final = acc * s_last. No second accumulator, and no MMA/rescale overlap.
+    float acc[kRegs], s_prev[W / 4];
+#pragma unroll
+    for (int i = 0; i < kRegs; ++i) acc[i] = 0.0f;
+    const int q = threadIdx.x % 4;
+    for (int kb = unit.kb_begin; kb < unit.kb_end; ++kb) {
+      const float sw = weight_scale(kb);
+      ptx::mbar_wait(&s.full[ps.stage], ps.phase);
+      const float* xs = &s.xs[ps.stage][scale_shift];
+      float s_cur[W / 4];
+#pragma unroll
+      for (int j = 0; j < W / 8; ++j) {
+        s_cur[2 * j] = xs[8 * j + 2 * q] * sw;
+        s_cur[2 * j + 1] = xs[8 * j + 2 * q + 1] * sw;
+      }
+      if (kb > unit.kb_begin) {
+#pragma unroll
+        for (int j = 0; j < W / 8; ++j) {
+          const float r0 = __fdiv_rn(s_prev[2 * j], s_cur[2 * j]), r1 = __fdiv_rn(s_prev[2 * j + 1], s_cur[2 * j + 1]);
+          acc[4 * j + 0] *= r0;
+          acc[4 * j + 1] *= r1;
+          acc[4 * j + 2] *= r0;
+          acc[4 * j + 3] *= r1;
+        }
+      }
+      issue_block<W>(s, acc, ps.stage, ps.phase, consumer, gather, kb > unit.kb_begin);
+      ptx::wgmma_wait_group<0>();
+#pragma unroll
+      for (int i = 0; i < kRegs; ++i) ptx::fence_operand(acc[i]);
+      __syncwarp();
+      if (threadIdx.x % 32 == 0) ptx::mbar_arrive(&s.empty[ps.stage]);
+#pragma unroll
+      for (int j = 0; j < W / 4; ++j) s_prev[j] = s_cur[j];
+      ps.advance();
+    }
+#pragma unroll
+    for (int j = 0; j < W / 8; ++j) {
+      final_acc[4 * j + 0] = acc[4 * j + 0] * s_prev[2 * j];
+      final_acc[4 * j + 1] = acc[4 * j + 1] * s_prev[2 * j + 1];
+      final_acc[4 * j + 2] = acc[4 * j + 2] * s_prev[2 * j];
+      final_acc[4 * j + 3] = acc[4 * j + 3] * s_prev[2 * j + 1];
+    }
+  } else {
+#pragma unroll
+    for (int i = 0; i < kRegs; ++i) final_acc[i] = 0.0f;
+  }
+  if constexpr (kRescale) {
+  } else if constexpr (W > 64) {
     // Widest chunks: one block accumulator (three would not fit the consumers' registers).
     float acc[kRegs];
 #pragma unroll
@@ -301,6 +351,22 @@ __device__ __forceinline__ void consume_chunk(SharedStorage& s, PipelineState& p
       stage_cols[c + 1][r + 8] = final_acc[4 * j + 3];
     }
     ptx::named_barrier_sync(barrier_id, 128);
+    if (a.bulk_combine) {
+      // One thread per token column: weight its 64 staged outputs, then one bulk reduction of
+      // 256 bytes into the token's output row (the async proxy reads the staging area).
+      const int col = int(wg_thread), chunk_col = cg * kEpilogueCols + col, n0 = nb * kBlockM + consumer * 64;
+      if (col < kGroupCols && chunk_col < chunk_rows && n0 < a.n) {
+        const float w = s.chunk_weight[consumer][chunk_col];
+        float4* v = reinterpret_cast<float4*>(stage_cols[col]);
+#pragma unroll
+        for (int i = 0; i < 16; ++i) v[i] = make_float4(w * v[i].x, w * v[i].y, w * v[i].z, w * v[i].w);
+        ptx::fence_proxy_async_shared();
+        const int token = s.chunk_token[consumer][chunk_col];
+        ptx::bulk_reduce_add_f32(a.out + int64_t(token) * a.n + n0, stage_cols[col], uint32_t(min(64, a.n - n0)) * 4u);
+        ptx::bulk_commit();
+        ptx::bulk_wait_read();
+      }
+    } else
     for (int item = wg_thread; item < kGroupCols * 16; item += 128) {
       const int col = item / 16, quad = item % 16;
       const int chunk_col = cg * kEpilogueCols + col;
@@ -322,6 +388,9 @@ __device__ __forceinline__ void consume_chunk(SharedStorage& s, PipelineState& p
   }
 }
 
+// kRescale: the in-place rescale promotion, a kernel of its own so the default's register
+// allocation is not shaped by it.
+template <bool kRescale>
 __global__ void __launch_bounds__(kThreads, 1)
     gemm_fp8_block_kernel(const __grid_constant__ TensorMaps maps, const KernelArgs a) {
   extern __shared__ uint8_t smem_raw[];
@@ -427,10 +496,10 @@ __global__ void __launch_bounds__(kThreads, 1)
       for (int chunk = 0; chunk < rows; chunk += kMaxChunk) {
         const int chunk_rows = min(kMaxChunk, rows - chunk);
         switch (width_index(chunk_rows)) {
-          case 0: consume_chunk<16>(s, ps, a, unit, row_begin + chunk, chunk_rows, consumer); break;
-          case 1: consume_chunk<32>(s, ps, a, unit, row_begin + chunk, chunk_rows, consumer); break;
-          case 2: consume_chunk<64>(s, ps, a, unit, row_begin + chunk, chunk_rows, consumer); break;
-          default: consume_chunk<128>(s, ps, a, unit, row_begin + chunk, chunk_rows, consumer); break;
+          case 0: consume_chunk<16, kRescale>(s, ps, a, unit, row_begin + chunk, chunk_rows, consumer); break;
+          case 1: consume_chunk<32, kRescale>(s, ps, a, unit, row_begin + chunk, chunk_rows, consumer); break;
+          case 2: consume_chunk<64, kRescale>(s, ps, a, unit, row_begin + chunk, chunk_rows, consumer); break;
+          default: consume_chunk<128, kRescale>(s, ps, a, unit, row_begin + chunk, chunk_rows, consumer); break;
         }
       }
     }
@@ -446,7 +515,9 @@ std::string GemmFp8Config::str() const {
          (dense ? std::string("dense unit walk") + (prefetch ? " + L2 prefetch before the PDL wait" : "")
                 : std::string("compact unit walk over experts with rows")) +
          (split_k > 1 ? ", split-K " + std::to_string(split_k) : "") +
-         (x_source == XSource::gather_by_token ? ", rows gathered by token (cp.async)" : ", expert-sorted rows (TMA)");
+         (x_source == XSource::gather_by_token ? ", rows gathered by token (cp.async)" : ", expert-sorted rows (TMA)") +
+         (rescale_promotion ? ", promotion: one accumulator rescaled in place" : "") +
+         (bulk_combine ? ", combine: cp.reduce.async.bulk rows" : "");
 }
 
 GemmFp8Config choose_gemm_fp8_config(int64_t tokens, int64_t topk, int64_t experts, int64_t n, int64_t k,
@@ -526,17 +597,19 @@ void launch_gemm_fp8(const GemmFp8Params& p, const GemmFp8Config& cfg, const Dev
                cfg.prefetch ? 1 : 0,
                cfg.dense ? 1 : 0,
                (kblocks + kb_per_split - 1) / kb_per_split,
-               kb_per_split};
+               kb_per_split,
+               cfg.bulk_combine && p.combine == CombineMode::atomic ? 1 : 0};
   const size_t smem = sizeof(SharedStorage) + 1024;  // + alignment slack for the 1024-byte base
-  static bool configured = false;
-  if (!configured) {
-    LOOM_CUDA_CHECK(cudaFuncSetAttribute(gemm_fp8_block_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
-    configured = true;
+  auto* kernel = cfg.rescale_promotion ? gemm_fp8_block_kernel<true> : gemm_fp8_block_kernel<false>;
+  static bool configured[2] = {false, false};
+  if (!configured[cfg.rescale_promotion]) {
+    LOOM_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
+    configured[cfg.rescale_promotion] = true;
   }
   // Persistent grid: one CTA per SM (at most one unit per CTA when there are fewer units).
   const int units = p.experts * nblocks * a.split_k;
   const int grid = std::max(1, std::min(units, device.sm_count));
-  launch_kernel(gemm_fp8_block_kernel, dim3(grid), dim3(kThreads), smem, stream, pdl, maps, a);
+  launch_kernel(kernel, dim3(grid), dim3(kThreads), smem, stream, pdl, maps, a);
 }
 
 }  // namespace loom

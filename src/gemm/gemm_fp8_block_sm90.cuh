@@ -48,6 +48,12 @@ struct GemmFp8Config {
   bool prefetch = true;  // dense only
   int split_k = 1;       // K ranges per (expert, 128 rows); > 1 only with the atomic combine
   XSource x_source = XSource::gather_by_token;  // what GemmFp8Params::x holds
+  // Promotion: false = block accumulator added into a final one (scaled), true = one accumulator
+  // rescaled in place by s_prev / s_next at each K block (the issue's experiment; see perf.md).
+  bool rescale_promotion = false;
+  // Fast combine: one cp.reduce.async.bulk of a token's 64 outputs from shared memory instead of
+  // red.global.add.v4.f32 from each thread (the issue's comparison; see perf.md).
+  bool bulk_combine = false;
   std::string str() const;
 };
 

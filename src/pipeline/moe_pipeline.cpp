@@ -63,6 +63,8 @@ Plan plan(const Shape& s, const Routing& r, const Options& o) {
   p.device_name = dev->name;
   GemmFp8Config gc = choose_gemm_fp8_config(s.tokens, s.topk, s.experts, s.inter, s.hidden, o.deterministic, *dev);
   gc.prefetch = gc.prefetch && o.prefetch_weights;  // as run() will launch it
+  gc.rescale_promotion = o.rescale_promotion;
+  gc.bulk_combine = o.bulk_combine;
   p.gemm_config = gc.str();
 
   const int64_t T = s.tokens, R = s.routes(), Tp = padded_rows(T), K = s.hidden, N = s.inter;
@@ -155,6 +157,8 @@ void run_stages(const Plan& p, const Weights& w, const Inputs& in, void* output,
   dev.l2_bytes = p.l2_bytes;
   GemmFp8Config gc = choose_gemm_fp8_config(T, k, E, s.inter, s.hidden, p.options.deterministic, dev);
   gc.prefetch = gc.prefetch && p.options.prefetch_weights;
+  gc.rescale_promotion = p.options.rescale_promotion;
+  gc.bulk_combine = p.options.bulk_combine;
   const Chain chain = chain_for(p, T, from_logits);  // the same config choice, so the same layout
   const bool sorted = chain.sorted_rows;
   const int64_t x_rows = sorted ? padded_rows(int64_t(T) * k) : padded_rows(T);

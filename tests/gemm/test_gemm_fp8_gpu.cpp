@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <iostream>
 
 #include "bench/device_buffer.hpp"
 #include "common/device_info.hpp"
@@ -120,20 +121,33 @@ void run_case(const GemmCase& c, CombineMode mode, uint64_t seed) {
   };
 
   const GemmFp8Config chosen = choose_gemm_fp8_config(s.tokens, s.topk, s.experts, N, K, mode == CombineMode::store, dev);
-  std::vector<float> got;
-  for (XSource source : {XSource::gather_by_token, XSource::sorted_rows}) {
+  std::vector<float> got, got_default;
+  // Both activation sources, and the options kept for measurement: the in-place rescale
+  // promotion and the bulk-reduction combine.
+  struct Variant {
+    XSource source;
+    bool rescale, bulk;
+  };
+  for (const auto& [source, rescale, bulk] :
+       {Variant{XSource::gather_by_token, false, false}, Variant{XSource::sorted_rows, false, false},
+        Variant{XSource::sorted_rows, true, false}, Variant{XSource::gather_by_token, false, true}}) {
+    if (bulk && mode != CombineMode::atomic) continue;
     GemmFp8Config cfg = chosen;
     cfg.x_source = source;
+    cfg.rescale_promotion = rescale;
+    cfg.bulk_combine = bulk;
     SCOPED_TRACE(cfg.str());
     got = launch(cfg);
+    if (!rescale && !bulk) got_default = got;
     const ErrorStats e = relative_error(got.data(), ref.data(), out_rows, N);
+    if (rescale) std::cout << "[ promotion ] K=" << K << " T=" << s.tokens << ": rel err " << e.overall << " (rescale in place)\n";
     EXPECT_LE(e.overall, 2e-3);
     EXPECT_LE(e.worst_row, 1e-2) << "worst " << (mode == CombineMode::atomic ? "token" : "sorted") << " row "
                                  << e.worst_row_index;
   }
   // Every unit walk (dense / compact) and split-K setting computes the same product.
   if (mode == CombineMode::atomic) {
-    const std::vector<double> base(got.begin(), got.end());
+    const std::vector<double> base(got_default.begin(), got_default.end());
     for (const auto& [dense, split] : {std::pair{true, 1}, std::pair{false, 1}, std::pair{false, 3}}) {
       GemmFp8Config cfg = chosen;
       cfg.dense = dense;

@@ -43,6 +43,8 @@ bench options:
   --no-pdl --eager --no-fuse   switch off programmatic dependent launch / graph replay (time
                          eager launches) / the fused small-batch route+dispatch kernels
   --prefetch             L2-prefetch each GEMM CTA's first weight tile before the PDL wait
+  --rescale-promotion    FP8 promotion by one accumulator rescaled in place (experiment)
+  --bulk-combine         fast combine by cp.reduce.async.bulk rows instead of red.v4 (experiment)
   --no-check             skip the comparison of the GPU output with the CPU reference
 )";
 
@@ -111,7 +113,8 @@ int cmd_bench(int argc, char** argv) {
   std::set<std::string> valued = kWorkloadFlags;
   valued.insert({"reps", "warmup", "json", "csv", "max-copies", "max-cpu-gflop"});
   const Args a(rest(argc, argv), valued,
-               {"no-renorm", "sweep", "no-sol", "deterministic", "no-pdl", "eager", "prefetch", "no-check", "no-fuse"});
+               {"no-renorm", "sweep", "no-sol", "deterministic", "no-pdl", "eager", "prefetch", "no-check", "no-fuse",
+                "rescale-promotion", "bulk-combine"});
   const Workload w = parse_workload(a);
   loom::bench::BenchOptions opt;
   opt.preset = w.preset;
@@ -132,6 +135,8 @@ int cmd_bench(int argc, char** argv) {
   opt.layer.pdl = !a.has("no-pdl");
   opt.layer.prefetch_weights = a.has("prefetch");
   opt.layer.fuse_small_batch = !a.has("no-fuse");
+  opt.layer.rescale_promotion = a.has("rescale-promotion");
+  opt.layer.bulk_combine = a.has("bulk-combine");
   opt.timer.graph = !a.has("eager");
   opt.check = !a.has("no-check");
   const auto records = loom::bench::run_bench(opt, std::cerr);
