@@ -8,6 +8,7 @@
 
 #include "common/cuda_check.hpp"
 #include "common/device_info.hpp"
+#include "dispatch/dispatch_quant_sm90.cuh"
 #include "dispatch/dispatch_sm90.cuh"
 #include "dispatch/route_dispatch_small_sm90.cuh"
 #include "gemm/combine_rows_sm90.cuh"
@@ -99,7 +100,9 @@ std::string describe(const Plan& p) {
        "launch -> dispatch (counts, scan, stable rows; one CTA up to " << kSmallBatchMaxRoutes
     << " routes; for softmax up to " << kSmallBatchMaxTokens
     << " tokens routing, dispatch and quantise are one launch) -> GEMM\n"
-    << "kernels (GEMM on sorted rows): route -> dispatch -> quantise+gather into expert order -> GEMM\n"
+    << "kernels (GEMM on sorted rows): route -> dispatch + quantise+gather into expert order in one launch (every "
+       "CTA builds the layout from token masks; up to E * ceil(T/32) mask words in shared memory, else two launches) "
+       "-> GEMM\n"
     << "GEMM at " << p.shape.tokens << " tokens: " << p.gemm_config << "\n"
     << "combine: "
     << (p.options.deterministic ? "deterministic (row stores + slot-order sum, no float atomics)"
@@ -126,8 +129,13 @@ Chain chain_for(const Plan& p, int64_t tokens, bool from_logits) {
                       .x_source == XSource::sorted_rows;
   c.fused_route_dispatch = fused_route_dispatch(p, tokens, from_logits);
   c.quant_with_route = from_logits && !c.sorted_rows;
+  // Routes from logits have distinct ids per token, which the fused kernel's token masks need.
+  c.dispatch_with_quant = from_logits && c.sorted_rows && !c.fused_route_dispatch &&
+                          dispatch_quant_fits(tokens, s.topk, s.experts);
   return c;
 }
+
+std::string Chain::dispatch_label() const { return dispatch_with_quant ? "dispatch+quant" : "dispatch"; }
 
 std::string Chain::route_label() const {
   return std::string("route") + (fused_route_dispatch ? "+dispatch" : "") + (quant_with_route ? "+quant" : "");
@@ -223,12 +231,14 @@ void run_stages(const Plan& p, const Weights& w, const Inputs& in, void* output,
   }
   if (!quant_rides_with_route && !sorted && do_quant) launch_quant_gather(qp, stream, pdl);
   if (!fused && do_dispatch) {
-    if (p.options.fuse_small_batch && dispatch_small_fits(T, k, E))
+    if (chain.dispatch_with_quant)
+      launch_dispatch_quant(dp, qp, p.sm_count, stream, pdl);
+    else if (p.options.fuse_small_batch && dispatch_small_fits(T, k, E))
       launch_dispatch_small(dp, stream, pdl);
     else
       launch_dispatch(dp, stream, pdl);
   }
-  if (sorted && do_quant) launch_quant_gather(qp, stream, pdl);
+  if (sorted && !chain.dispatch_with_quant && do_quant) launch_quant_gather(qp, stream, pdl);
 
   GemmFp8Params gp;
   gp.weights = static_cast<const uint8_t*>(w.w1);

@@ -25,7 +25,9 @@ struct Chain {
   bool fused_route_dispatch;  // one launch routes and dispatches (small softmax batches)
   bool quant_with_route;      // the token-order quantisation rides in the routing launch
   bool sorted_rows;           // the GEMM reads an expert-sorted copy, quantised after the dispatch
-  std::string route_label() const;  // what the routing launch does, e.g. "route+quant"
+  bool dispatch_with_quant;   // ... by the dispatch launch itself (routes from logits, masks fit)
+  std::string route_label() const;     // what the routing launch does, e.g. "route+quant"
+  std::string dispatch_label() const;  // "dispatch" or "dispatch+quant"
 };
 Chain chain_for(const Plan& p, int64_t tokens, bool from_logits);
 

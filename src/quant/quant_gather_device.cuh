@@ -50,10 +50,20 @@ __device__ __forceinline__ float scaled(float x, float scale) {
 __device__ __forceinline__ float bf16_lo(uint32_t w) { return __uint_as_float(w << 16); }
 __device__ __forceinline__ float bf16_hi(uint32_t w) { return __uint_as_float(w & 0xffff0000u); }
 
+// Where slot j of token t goes: the dispatch's route_row in global memory (the default), or a
+// caller's own lookup with the same signature (the fused dispatch+quantise kernel computes rows
+// from its shared-memory layout).
+struct RowsFromRouteRow {
+  __device__ __forceinline__ int32_t operator()(const QuantGatherParams& p, uint32_t t, int j) const {
+    return __ldcg(p.route_row + int64_t(t) * p.topk + j);
+  }
+};
+
 // The whole stage for the warps [warp, warp + warps, ...) and threads [tid, tid + nth, ...) of the
 // caller's grid (warps and threads counted globally).
+template <class RowOf = RowsFromRouteRow>
 __device__ __forceinline__ void quant_gather_body(const QuantGatherParams& p, uint64_t warp, uint64_t warps, int64_t tid,
-                                                  int64_t nth) {
+                                                  int64_t nth, const RowOf& row_of = RowOf{}) {
   // Token order (no route_row): token t's codes go to row t alone, as if it had one slot.
   const bool token_order = p.route_row == nullptr;
   const int H = p.hidden_dim, k = token_order ? 1 : p.topk;
@@ -80,10 +90,9 @@ __device__ __forceinline__ void quant_gather_body(const QuantGatherParams& p, ui
       raw0 = __ldcg(src);
       raw1 = __ldcg(src + 1);
     }
-    const int32_t* slots = token_order ? nullptr : p.route_row + int64_t(t) * k;
     int32_t row_a = -1, row_b = -1;  // slots sub and 8 + sub
-    if (unit_ok && sub < k) row_a = token_order ? int32_t(t) : __ldcg(slots + sub);
-    if (unit_ok && kLanesPerUnit + sub < k) row_b = __ldcg(slots + kLanesPerUnit + sub);
+    if (unit_ok && sub < k) row_a = token_order ? int32_t(t) : row_of(p, t, sub);
+    if (unit_ok && kLanesPerUnit + sub < k) row_b = row_of(p, t, kLanesPerUnit + sub);
 
     // ---- amax over the group ----
     float x[16];
@@ -124,7 +133,7 @@ __device__ __forceinline__ void quant_gather_body(const QuantGatherParams& p, ui
       else if (j0 == kLanesPerUnit)
         mine = row_b;
       else
-        mine = (unit_ok && j0 + sub < k) ? __ldcg(slots + j0 + sub) : -1;
+        mine = (unit_ok && j0 + sub < k) ? row_of(p, t, j0 + sub) : -1;
       // Rows outside [0, R_pad) (dropped, or bad device data) are never written.
       if (mine < 0 || int64_t(mine) >= p.padded_rows) mine = -1;
       if (mine >= 0) p.a_scales[int64_t(g) * p.padded_rows + mine] = scale;

@@ -197,30 +197,29 @@ __device__ __forceinline__ bool route_one_token(const RouteTopkParams& p, int64_
     }
     cmax = warp_max(cmax);
 
-    // e[s] = unnormalised probability: exp(c - max) for a finite max; for a +inf max the +inf
-    // logits share the mass (1 each); nothing above -inf (or all NaN) gives no mass at all.
-    float e[V];
-    float part = 0.0f;
+    // Unnormalised probability of a (valid) expert: exp(c - max) for a finite max; for a +inf max
+    // the +inf logits share the mass (1 each); nothing above -inf (or all NaN) gives no mass.
+    auto mass = [cmax](float cv) {
+      return cmax == INFINITY ? (cv == INFINITY ? 1.0f : 0.0f) : cmax == -INFINITY ? 0.0f : exp_shifted(cv, cmax);
+    };
+    // The full denominator only without renormalisation (renormalised, it cancels): the k chosen
+    // experts' masses are all the exps a renormalised token needs.
+    float denominator = 0.0f;
+    if (!p.routing.renormalize) {
+      float part = 0.0f;
 #pragma unroll
-    for (int s = 0; s < V; ++s) {
-      const bool valid = s * 32 + lane < experts;
-      if (cmax == INFINITY)
-        e[s] = valid && c[s] == INFINITY ? 1.0f : 0.0f;
-      else if (cmax == -INFINITY)
-        e[s] = 0.0f;
-      else
-        e[s] = valid ? exp_shifted(c[s], cmax) : 0.0f;
-      part += e[s];
+      for (int s = 0; s < V; ++s)
+        if (s * 32 + lane < experts) part += mass(c[s]);
+      denominator = warp_sum(part);
     }
-    const float denominator = warp_sum(part);
 
     float mine = 0.0f;
     for (int r = 0; r < topk; ++r) {
       float v;
-      const uint32_t id = take_best(key, e, lane, v);
+      const uint32_t id = take_best(key, c, lane, v);
       if (lane == r) {
         my_id = int32_t(id);
-        mine = v;
+        mine = mass(v);
       }
     }
     // Renormalised: e / sum over the k chosen e (the full denominator cancels); a zero sum means

@@ -170,9 +170,11 @@ void measure_gpu(const BenchOptions& opt, const Plan& plan, const Shape& s, cons
     // Each launch is timed once, under the name of what it does (the quantisation may ride in the
     // routing launch, the dispatch too).
     if (stages == Stages::route_only && !from_logits) continue;
-    if (stages == Stages::quant_only && chain.quant_with_route) continue;
+    if (stages == Stages::quant_only && (chain.quant_with_route || chain.dispatch_with_quant)) continue;
     if (stages == Stages::dispatch_only && chain.fused_route_dispatch) continue;
-    const std::string label = stages == Stages::route_only ? chain.route_label() : name;
+    const std::string label = stages == Stages::route_only      ? chain.route_label()
+                              : stages == Stages::dispatch_only ? chain.dispatch_label()
+                                                                : std::string(name);
     auto f = [&, st3 = stages](cudaStream_t st2, int c) {
       run_stages(plan, weights_of(c), in, d_out.get(), d_ws.get(), st2, st3);
     };

@@ -1,0 +1,193 @@
+#include "dispatch/dispatch_quant_sm90.cuh"
+
+#include <algorithm>
+#include <string>
+
+#include "common/cuda_check.hpp"
+#include "common/launch.hpp"
+#include "ptx/pdl.cuh"
+#include "quant/quant_gather_device.cuh"
+
+namespace loom {
+
+namespace {
+
+constexpr int kThreads = 512;
+constexpr int kIdBatch = 8;                        // top-k id loads in flight per thread
+constexpr int kWarps = kThreads / 32;
+constexpr int kFusedMaxExperts = 512;                   // one expert per thread in the offset scan
+constexpr size_t kMaxSmemBytes = 160 * 1024;       // masks + prefixes of E x ceil(T/32) words each
+static_assert(kFusedMaxExperts <= kThreads && kWarps <= 32, "offset scan: one expert per thread, one warp of warp sums");
+
+struct Smem {
+  // Word-major, so the lanes of one token looking up different experts hit different banks.
+  uint32_t* masks;   // [words][E]: bit t%32 of word t/32 = token t routes to the expert
+  int32_t* prefix;   // [words][E]: tokens of the expert in the words before
+  int32_t* offsets;  // [E+1]
+  int32_t* warp_base;  // [kWarps]
+  int32_t* counters;   // [0]: NaN tokens, [1]: dropped routes
+  static size_t bytes(int experts, int words) { return (size_t(experts) * words * 2 + experts + 1 + kWarps + 2) * 4; }
+};
+
+// Sorted row of slot j of token t, from the CTA's own layout.
+struct RowsFromMasks {
+  const uint32_t* masks;
+  const int32_t* prefix;
+  const int32_t* offsets;
+  const int32_t* ids;
+  int experts, words;
+  __device__ __forceinline__ int32_t operator()(const QuantGatherParams& p, uint32_t t, int j) const {
+    const int32_t e = __ldg(ids + int64_t(t) * p.topk + j);
+    if (e < 0 || e >= experts) return -1;
+    const int w = int(t / 32u);
+    return offsets[e] + prefix[w * experts + e] + __popc(masks[w * experts + e] & ((1u << (t % 32u)) - 1u));
+  }
+};
+
+__global__ void __launch_bounds__(kThreads) dispatch_quant_kernel(const DispatchParams dp, const QuantGatherParams qp) {
+  extern __shared__ int32_t smem_raw[];
+  const int E = dp.experts, k = dp.topk, T = dp.tokens, words = (T + 31) / 32;
+  const int64_t R = int64_t(T) * k;
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  Smem s;
+  s.masks = reinterpret_cast<uint32_t*>(smem_raw);
+  s.prefix = smem_raw + size_t(E) * words;
+  s.offsets = s.prefix + size_t(E) * words;
+  s.warp_base = s.offsets + E + 1;
+  s.counters = s.warp_base + kWarps;
+  for (int i = threadIdx.x; i < E * words; i += kThreads) s.masks[i] = 0u;
+  if (threadIdx.x < 2) s.counters[threadIdx.x] = 0;
+  // Everything below reads what the routing kernel wrote, or writes what the previous run may
+  // still read.
+  ptx::pdl_wait();
+  ptx::pdl_launch_dependents();
+  __syncthreads();
+
+  const bool writer = blockIdx.x == 0;
+  // Every CTA reads all ids: kIdBatch loads in flight per thread before their shared atomics.
+  int dropped = 0;
+  for (int64_t base = 0; base < R; base += int64_t(kThreads) * kIdBatch) {
+    int32_t e[kIdBatch];
+#pragma unroll
+    for (int b = 0; b < kIdBatch; ++b) {
+      const int64_t i = base + int64_t(b) * kThreads + threadIdx.x;
+      e[b] = i < R ? __ldg(dp.topk_ids + i) : 0;
+    }
+#pragma unroll
+    for (int b = 0; b < kIdBatch; ++b) {
+      const int64_t i = base + int64_t(b) * kThreads + threadIdx.x;
+      if (i >= R) continue;
+      const int t = int(i / k);
+      if (e[b] >= 0 && e[b] < E)
+        atomicOr(&s.masks[(t / 32) * E + e[b]], 1u << (t % 32));
+      else
+        ++dropped;
+    }
+  }
+  if (writer) {
+    if (dropped) atomicAdd(&s.counters[1], dropped);
+    if (dp.nan_flags) {
+      int nan_tokens = 0;
+      for (int t = threadIdx.x; t < T; t += kThreads) nan_tokens += dp.nan_flags[t] != 0;
+      nan_tokens = __reduce_add_sync(0xffffffffu, nan_tokens);
+      if (lane == 0 && nan_tokens) atomicAdd(&s.counters[0], nan_tokens);
+    }
+  }
+  __syncthreads();
+
+  // Per expert (thread e): prefix popcounts over its words and its row count; then the exclusive
+  // scan of the counts over experts.
+  int count = 0;
+  if (int(threadIdx.x) < E) {
+    for (int w = 0; w < words; ++w) {
+      s.prefix[w * E + threadIdx.x] = count;
+      count += __popc(s.masks[w * E + threadIdx.x]);
+    }
+  }
+  int incl = count;
+#pragma unroll
+  for (int d = 1; d < 32; d *= 2) {
+    const int n = __shfl_up_sync(0xffffffffu, incl, d);
+    if (lane >= d) incl += n;
+  }
+  if (lane == 31) s.warp_base[warp] = incl;
+  __syncthreads();
+  if (warp == 0) {
+    const int total = lane < kWarps ? s.warp_base[lane] : 0;
+    int run = total;
+#pragma unroll
+    for (int d = 1; d < 32; d *= 2) {
+      const int n = __shfl_up_sync(0xffffffffu, run, d);
+      if (lane >= d) run += n;
+    }
+    if (lane < kWarps) s.warp_base[lane] = run - total;
+  }
+  __syncthreads();
+  const int offset = s.warp_base[warp] + incl - count;
+  if (int(threadIdx.x) < E) {
+    s.offsets[threadIdx.x] = offset;
+    if (int(threadIdx.x) == E - 1) s.offsets[E] = offset + count;
+  }
+  __syncthreads();
+
+  // Every CTA holds the whole layout: the dispatch outputs are written by the grid, each route once.
+  const RowsFromMasks rows{s.masks, s.prefix, s.offsets, dp.topk_ids, E, words};
+  const int64_t tid = int64_t(blockIdx.x) * kThreads + threadIdx.x, nth = int64_t(gridDim.x) * kThreads;
+  for (int64_t i = tid; i < R; i += nth) {
+    const int t = int(i / k), j = int(i - int64_t(t) * k);
+    const float weight = __ldg(dp.topk_weights + i);
+    const int32_t row = rows(qp, uint32_t(t), j);
+    dp.route_row[i] = row;
+    if (row >= 0) {
+      dp.row_token[row] = t;
+      dp.row_weight[row] = weight;
+    }
+  }
+  if (writer) {
+    for (int e = threadIdx.x; e <= E; e += kThreads) dp.offsets[e] = s.offsets[e];
+    if (threadIdx.x == 0) {
+      LayerStatus st;
+      st.nan_tokens = uint32_t(s.counters[0]);
+      st.dropped_routes = uint32_t(s.counters[1]);
+      *dp.status = st;
+    }
+  }
+  quant_detail::quant_gather_body(qp, uint64_t(tid) >> 5, uint64_t(nth) >> 5, tid, nth, rows);
+}
+
+}  // namespace
+
+bool dispatch_quant_fits(int64_t tokens, int64_t topk, int64_t experts) {
+  const int64_t words = (tokens + 31) / 32;
+  return tokens > 0 && experts <= kFusedMaxExperts && int64_t(Smem::bytes(int(experts), int(words))) <= int64_t(kMaxSmemBytes) &&
+         tokens * topk <= INT32_MAX;
+}
+
+void launch_dispatch_quant(const DispatchParams& dp, const QuantGatherParams& qp, int grid_ctas, cudaStream_t stream,
+                           bool pdl) {
+  const std::string who = "dispatch_quant: ";
+  if (dp.tokens < 0 || dp.topk <= 0 || dp.experts <= 0) throw Error(who + "bad shape");
+  if (dp.tokens == 0) return;
+  if (!dispatch_quant_fits(dp.tokens, dp.topk, dp.experts))
+    throw Error(who + "batch outside the kernel's range (E <= 512, E * ceil(T/32) masks in shared memory)");
+  if (!dp.topk_ids || !dp.topk_weights || !dp.offsets || !dp.route_row || !dp.row_token || !dp.row_weight || !dp.status)
+    throw Error(who + "null device pointer");
+  check_quant_gather(qp);
+  if (qp.tokens != dp.tokens || qp.topk != dp.topk || qp.route_row != dp.route_row ||
+      qp.padded_rows < int64_t(dp.tokens) * dp.topk)
+    throw Error(who + "the quantisation must gather into this dispatch's sorted rows");
+  const int words = (dp.tokens + 31) / 32;
+  const size_t smem = Smem::bytes(dp.experts, words);
+  static bool configured = false;
+  if (!configured) {
+    LOOM_CUDA_CHECK(cudaFuncSetAttribute(dispatch_quant_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                         int(kMaxSmemBytes)));
+    configured = true;
+  }
+  // As many CTAs as the quantisation has work for, at most grid_ctas (each builds the layout once).
+  const int64_t needed = (quant_gather_threads(qp) + kThreads - 1) / kThreads;
+  const int grid = int(std::max<int64_t>(1, std::min<int64_t>(needed, grid_ctas)));
+  launch_kernel(dispatch_quant_kernel, dim3(grid), dim3(kThreads), smem, stream, pdl, dp, qp);
+}
+
+}  // namespace loom

@@ -1,0 +1,131 @@
+// The fused dispatch + quantise-into-sorted-rows launch writes exactly what the dispatch kernel
+// followed by the gathering quantise kernel write (each checked against its CPU reference by its own
+// tests), for any grid size: offsets, route_row, row_token, row_weight, status, FP8 codes, scales and
+// the cleared output, bit for bit, with dropped ids and NaN flags in the input.
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <tuple>
+
+#include "bench/device_buffer.hpp"
+#include "common/device_info.hpp"
+#include "common/rng.hpp"
+#include "dispatch/dispatch_quant_sm90.cuh"
+#include "gpu_test.hpp"
+#include "pipeline/device_layout.hpp"
+#include "test_seed.hpp"
+#include "workload/workload.hpp"
+
+namespace loom {
+namespace {
+
+using bench::DeviceBuffer;
+
+struct Outputs {
+  std::vector<int32_t> offsets, route_row, row_token;
+  std::vector<uint32_t> row_weight, scales, zeroed;  // bits
+  std::vector<uint8_t> codes;
+  LayerStatus status;
+};
+
+Outputs run_once(int grid, const DeviceBuffer& ids, const DeviceBuffer& wts, const DeviceBuffer& flags,
+                 const DeviceBuffer& hidden, int T, int E, int k, int H) {
+  const int64_t R = int64_t(T) * k, Rp = padded_rows(R), G = (H + 127) / 128;
+  DeviceBuffer off{size_t(E + 1) * 4}, rr{size_t(R) * 4}, rt{size_t(R) * 4}, rw{size_t(R) * 4}, st{sizeof(LayerStatus)},
+      codes{size_t(Rp * H)}, scales{size_t(G * Rp) * 4}, zero{size_t(T) * 48 * 4};
+  for (DeviceBuffer* b : {&off, &rr, &rt, &rw, &st, &codes, &scales, &zero})
+    LOOM_CUDA_CHECK(cudaMemset(b->get(), 0x7f, b->bytes()));
+  DispatchParams dp;
+  dp.topk_ids = ids.as<int32_t>();
+  dp.topk_weights = wts.as<float>();
+  dp.nan_flags = flags.as<uint8_t>();
+  dp.tokens = T;
+  dp.topk = k;
+  dp.experts = E;
+  dp.offsets = off.as<int32_t>();
+  dp.route_row = rr.as<int32_t>();
+  dp.row_token = rt.as<int32_t>();
+  dp.row_weight = rw.as<float>();
+  dp.status = st.as<LayerStatus>();
+  QuantGatherParams qp;
+  qp.hidden = hidden.as<uint16_t>();
+  qp.route_row = dp.route_row;
+  qp.tokens = T;
+  qp.hidden_dim = H;
+  qp.topk = k;
+  qp.padded_rows = Rp;
+  qp.a_sorted = codes.as<uint8_t>();
+  qp.a_scales = scales.as<float>();
+  qp.zero_out = zero.as<float>();
+  qp.zero_cols = 48;
+  test::Stream stream;
+  if (grid > 0) {
+    launch_dispatch_quant(dp, qp, grid, stream.get(), true);
+  } else {
+    launch_dispatch(dp, stream.get(), true);
+    launch_quant_gather(qp, stream.get(), true);
+  }
+  LOOM_CUDA_CHECK(cudaGetLastError());
+  stream.sync();
+  Outputs o;
+  o.offsets = off.to_host<int32_t>();
+  o.route_row = rr.to_host<int32_t>();
+  o.row_token = rt.to_host<int32_t>();
+  o.row_weight = rw.to_host<uint32_t>();
+  o.scales = scales.to_host<uint32_t>();
+  o.zeroed = zero.to_host<uint32_t>();
+  o.codes = codes.to_host<uint8_t>();
+  const std::vector<uint8_t> sb = st.to_host<uint8_t>();
+  std::memcpy(&o.status, sb.data(), sizeof o.status);
+  return o;
+}
+
+TEST(DispatchQuantGpu, MatchesDispatchThenQuantiseBitForBit) {
+  LOOM_REQUIRE_GPU();
+  LOOM_FRESH_SEED();
+  const int sms = query_device()->sm_count;
+  for (const auto& [T, E, k, H, dist] :
+       {std::tuple{33, 256, 8, 2048, "random"}, std::tuple{128, 256, 8, 2048, "zipf:1.2"},
+        std::tuple{517, 64, 2, 320, "hot:0.9"}, std::tuple{2048, 256, 8, 2048, "random"},
+        std::tuple{1000, 512, 16, 192, "balanced"}, std::tuple{40, 8, 1, 7168, "concentrated"}}) {
+    SCOPED_TRACE(testing::Message() << "T=" << T << " E=" << E << " k=" << k << " H=" << H << " " << dist);
+    ASSERT_TRUE(dispatch_quant_fits(T, k, E));
+    const Shape shape{T, H, 16, E, k, Mode::single, DType::fp8};
+    Routes routes = make_routes(shape, Routing{}, parse_distribution(dist), seed);
+    std::vector<int32_t> ids = routes.topk.ids;  // distinct per token, as routing writes them
+    Rng rng(seed, 5);
+    for (auto& id : ids)
+      if (rng.below(16) == 0) id = rng.below(2) ? -1 : E + int32_t(rng.below(4));  // dropped routes
+    std::vector<uint8_t> flags(static_cast<size_t>(T));
+    for (auto& f : flags) f = rng.below(8) == 0 ? 1 : 0;
+    const std::vector<bf16> hidden = make_hidden(shape, seed + 1);
+    const DeviceBuffer did = DeviceBuffer::from(ids), dwt = DeviceBuffer::from(routes.topk.weights),
+                       dfl = DeviceBuffer::from(flags), dh = DeviceBuffer::from(hidden);
+    const Outputs want = run_once(0, did, dwt, dfl, dh, T, E, k, H);
+    for (int grid : {1, 3, sms}) {
+      SCOPED_TRACE(testing::Message() << "grid " << grid);
+      const Outputs got = run_once(grid, did, dwt, dfl, dh, T, E, k, H);
+      const int rows = want.offsets.back();
+      EXPECT_EQ(got.offsets, want.offsets);
+      EXPECT_EQ(got.route_row, want.route_row);
+      EXPECT_TRUE(std::equal(want.row_token.begin(), want.row_token.begin() + rows, got.row_token.begin()));
+      EXPECT_TRUE(std::equal(want.row_weight.begin(), want.row_weight.begin() + rows, got.row_weight.begin()));
+      EXPECT_EQ(got.status.nan_tokens, want.status.nan_tokens);
+      EXPECT_EQ(got.status.dropped_routes, want.status.dropped_routes);
+      EXPECT_EQ(got.codes, want.codes);
+      EXPECT_EQ(got.scales, want.scales);
+      for (uint32_t z : got.zeroed) ASSERT_EQ(z, 0u);
+    }
+  }
+}
+
+TEST(DispatchQuant, TakesBatchesWhoseMasksFit) {
+  EXPECT_TRUE(dispatch_quant_fits(128, 8, 256));
+  EXPECT_TRUE(dispatch_quant_fits(2048, 8, 256));
+  EXPECT_FALSE(dispatch_quant_fits(8192, 8, 256));  // 256 x 256 words of masks and prefixes
+  EXPECT_FALSE(dispatch_quant_fits(128, 8, 1024));
+  EXPECT_FALSE(dispatch_quant_fits(0, 8, 256));
+}
+
+}  // namespace
+}  // namespace loom
