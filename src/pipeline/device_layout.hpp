@@ -4,15 +4,21 @@
 //   route      logits[T,E] (+bias[E])         -> topk_ids[T,k], topk_weights[T,k], nan_flags[T]
 //   dispatch   topk_ids, topk_weights, nan_flags -> offsets[E+1], route_row[T*k],
 //                                                  row_token[R], row_weight[R], status
-//   quantize   hidden[T,H] bf16, route_row      -> a_sorted[R_pad,H] fp8, a_scales[ceil(H/128), R_pad];
-//                                                  zeroes out[T,N] (fast combine accumulates into it)
-//   gemm       a_sorted, a_scales, offsets, row_token, row_weight, weights
+//   quantize   hidden[T,H] bf16 -> x, x_scales in one of two layouts (GemmFp8Config::x_source):
+//                token order  x[T_pad,H] fp8, x_scales[ceil(H/128), T_pad]   (no route_row needed)
+//                sorted rows  x[R_pad,H] fp8, x_scales[ceil(H/128), R_pad]   (row route_row[t*k+j])
+//              and zeroes out[T,N] (the fast combine accumulates into it)
+//   gemm       x, x_scales, offsets, row_token, row_weight, weights; gathers a sorted row's
+//              activations by row_token (token order) or reads them in place (sorted rows)
 //                -> fast: out[T,N] += w * (x . W^T) (atomic vector reductions)
 //                -> deterministic: y[R,N] = w * (x . W^T) (plain stores, no atomics)
 //   combine    y, route_row (deterministic only) -> out[t,:] = sum over slots j, in order, of y[route_row[t,j],:]
 //
+// Launches (moe_pipeline.cpp, Chain): route+quantise share a launch, or route+dispatch+quantise for
+// small softmax batches, or dispatch+quantise share one after the routing.
+//
 // R = T*k (compact routed rows; the rows of expert e are [offsets[e], offsets[e+1]), stable order:
-// ascending token, then slot). R_pad = R rounded up to a multiple of 4 (16-byte scale rows for TMA).
+// ascending token, then slot). X_pad = X rounded up to a multiple of 4 (16-byte scale rows for TMA).
 #pragma once
 
 #include <cstdint>
