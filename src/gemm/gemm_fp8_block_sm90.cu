@@ -283,8 +283,7 @@ __device__ __forceinline__ void consume_chunk(SharedStorage& s, PipelineState& p
 #pragma unroll
     for (int i = 0; i < kRegs; ++i) final_acc[i] = 0.0f;
   }
-  if constexpr (kRescale) {
-  } else if constexpr (W > 64) {
+  if constexpr (!kRescale && W > 64) {
     // Widest chunks: one block accumulator (three would not fit the consumers' registers).
     float acc[kRegs];
 #pragma unroll
@@ -294,7 +293,7 @@ __device__ __forceinline__ void consume_chunk(SharedStorage& s, PipelineState& p
       promote_block<W, 0>(s, acc, final_acc, ps.stage, scale_shift, weight_scale(kb));
       ps.advance();
     }
-  } else {
+  } else if constexpr (!kRescale) {
     // Two block accumulators: the MMAs of K block kb+1 run while block kb is promoted. Unrolled by
     // two so each accumulator is a compile-time choice (register arrays stay registers).
     float acc0[kRegs], acc1[kRegs];
