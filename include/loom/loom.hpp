@@ -29,7 +29,8 @@ struct Options {
   // L2 prefetch of each CTA's first weight tile before the GEMM waits on its predecessor. Off by
   // default: 1.3 us slower at T=128 on an H200, measured in the same run (docs/perf.md).
   bool prefetch_weights = false;
-  // Small batches routed by softmax: routing and dispatch in one single-CTA kernel.
+  // Small batches routed by softmax: routing, dispatch and quantisation in one launch (up to 32
+  // tokens), and the single-CTA dispatch (up to 2048 routes). Off: separate kernels, for comparison.
   bool fuse_small_batch = true;
   // FP8 promotion with a single accumulator rescaled in place at each 128-wide K block (x s_prev /
   // s_next) instead of a block accumulator added into a second one. Measured against the default

@@ -13,20 +13,22 @@ namespace loom {
 namespace {
 
 constexpr int kThreads = 512;
-constexpr int kIdBatch = 8;                        // top-k id loads in flight per thread
+constexpr int kIdBatch = 8;                   // top-k id loads in flight per thread
 constexpr int kWarps = kThreads / 32;
-constexpr int kFusedMaxExperts = 512;                   // one expert per thread in the offset scan
-constexpr size_t kMaxSmemBytes = 160 * 1024;       // masks + prefixes of E x ceil(T/32) words each
+constexpr int kFusedMaxExperts = 512;         // one expert per thread in the offset scan
+constexpr size_t kMaxSmemBytes = 160 * 1024;  // masks + prefixes of E x ceil(T/32) words each
 static_assert(kFusedMaxExperts <= kThreads && kWarps <= 32, "offset scan: one expert per thread, one warp of warp sums");
 
 struct Smem {
   // Word-major, so the lanes of one token looking up different experts hit different banks.
-  uint32_t* masks;   // [words][E]: bit t%32 of word t/32 = token t routes to the expert
-  int32_t* prefix;   // [words][E]: tokens of the expert in the words before
-  int32_t* offsets;  // [E+1]
+  uint32_t* masks;     // [words][E]: bit t%32 of word t/32 = token t routes to the expert
+  int32_t* prefix;     // [words][E]: tokens of the expert in the words before
+  int32_t* offsets;    // [E+1]
   int32_t* warp_base;  // [kWarps]
   int32_t* counters;   // [0]: NaN tokens, [1]: dropped routes
-  static size_t bytes(int experts, int words) { return (size_t(experts) * words * 2 + experts + 1 + kWarps + 2) * 4; }
+  static size_t bytes(int experts, int words) {
+    return (size_t(experts) * words * 2 + experts + 1 + kWarps + 2) * 4;
+  }
 };
 
 // Sorted row of slot j of token t, from the CTA's own layout.
@@ -159,8 +161,8 @@ __global__ void __launch_bounds__(kThreads) dispatch_quant_kernel(const Dispatch
 
 bool dispatch_quant_fits(int64_t tokens, int64_t topk, int64_t experts) {
   const int64_t words = (tokens + 31) / 32;
-  return tokens > 0 && experts <= kFusedMaxExperts && int64_t(Smem::bytes(int(experts), int(words))) <= int64_t(kMaxSmemBytes) &&
-         tokens * topk <= INT32_MAX;
+  return tokens > 0 && experts <= kFusedMaxExperts &&
+         int64_t(Smem::bytes(int(experts), int(words))) <= int64_t(kMaxSmemBytes) && tokens * topk <= INT32_MAX;
 }
 
 void launch_dispatch_quant(const DispatchParams& dp, const QuantGatherParams& qp, int grid_ctas, cudaStream_t stream,

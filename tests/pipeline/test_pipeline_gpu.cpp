@@ -133,7 +133,7 @@ TEST(PipelineGpu, CoversEveryTokenExpertTopkAndWidth) {
   check_case({128, 2048, 512, 256, 8, "zipf:1.2"}, seed, false);
   check_case({128, 2048, 512, 256, 8, "hot:0.9"}, seed, false);
   check_case({17, 192, 80, 8, 2, "random"}, seed, false);  // partial 128-blocks in K and N
-  // Routed on the GPU by the fused small-batch kernel (which also quantises up to 8 tokens).
+  // Routed on the GPU by the fused small-batch kernel (which also quantises, in extra CTAs).
   check_case({2, 2048, 512, 64, 8, "random"}, seed, false);
   check_case({8, 7168, 512, 256, 8, "random"}, seed, false);
   check_case({32, 2048, 512, 256, 8, "random"}, seed, false);
