@@ -283,19 +283,11 @@ __device__ __forceinline__ void consume_chunk(SharedStorage& s, PipelineState& p
 #pragma unroll
     for (int i = 0; i < kRegs; ++i) final_acc[i] = 0.0f;
   }
-  if constexpr (!kRescale && W > 64) {
-    // Widest chunks: one block accumulator (three would not fit the consumers' registers).
-    float acc[kRegs];
-#pragma unroll
-    for (int i = 0; i < kRegs; ++i) acc[i] = 0.0f;
-    for (int kb = unit.kb_begin; kb < unit.kb_end; ++kb) {
-      issue_block<W>(s, acc, ps.stage, ps.phase, consumer, gather);
-      promote_block<W, 0>(s, acc, final_acc, ps.stage, scale_shift, weight_scale(kb));
-      ps.advance();
-    }
-  } else if constexpr (!kRescale) {
+  if constexpr (!kRescale) {
     // Two block accumulators: the MMAs of K block kb+1 run while block kb is promoted. Unrolled by
-    // two so each accumulator is a compile-time choice (register arrays stay registers).
+    // two so each accumulator is a compile-time choice (register arrays stay registers). At W=128
+    // the three accumulators take 192 of the consumer's 224 registers; they fit (no spills) since
+    // shared memory is addressed as such (see align_pad in the kernel).
     float acc0[kRegs], acc1[kRegs];
 #pragma unroll
     for (int i = 0; i < kRegs; ++i) acc0[i] = 0.0f, acc1[i] = 0.0f;
@@ -393,7 +385,11 @@ template <bool kRescale>
 __global__ void __launch_bounds__(kThreads, 1)
     gemm_fp8_block_kernel(const __grid_constant__ TensorMaps maps, const KernelArgs a) {
   extern __shared__ uint8_t smem_raw[];
-  SharedStorage& s = *reinterpret_cast<SharedStorage*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
+  // Aligned by pointer arithmetic on smem_raw, not through an integer: the compiler then still knows
+  // every access is to shared memory (LDS/STS; through uintptr_t it emitted generic LD/ST with
+  // 64-bit address arithmetic on the promotion's critical path).
+  const uint32_t align_pad = (1024u - uint32_t(reinterpret_cast<uintptr_t>(smem_raw) % 1024u)) % 1024u;
+  SharedStorage& s = *reinterpret_cast<SharedStorage*>(smem_raw + align_pad);
   if (threadIdx.x == 0) {
     for (int i = 0; i < kStages; ++i) {
       // One arrive.expect_tx (the TMA loads), plus one cp.async arrival per producer thread when
