@@ -54,6 +54,9 @@ struct GemmFp8Config {
   // Fast combine: one cp.reduce.async.bulk of a token's 64 outputs from shared memory instead of
   // red.global.add.v4.f32 from each thread (the issue's comparison; see perf.md).
   bool bulk_combine = false;
+  // L2 eviction priority of the TMA loads (evict_first: the loaded lines leave L2 first).
+  bool weights_evict_first = false;
+  bool x_evict_first = false;  // sorted rows only
   std::string str() const;
 };
 

@@ -183,6 +183,9 @@ TEST(GemmFp8Gpu, PartialBlocksAndWideShapes) {
   LOOM_FRESH_SEED();
   run_case({17, 192, 80, 8, 2, "random"}, CombineMode::atomic, seed);   // K and N end in partial 128-blocks
   run_case({17, 320, 208, 8, 2, "random"}, CombineMode::store, seed);
+  // Chunks of 128, 128 and 44 rows with partial K and N blocks.
+  run_case({300, 320, 208, 8, 2, "concentrated"}, CombineMode::store, seed);
+  run_case({300, 192, 80, 8, 2, "concentrated"}, CombineMode::atomic, seed);
   run_case({3, 7168, 4096, 64, 2, "random"}, CombineMode::atomic, seed);
 }
 
