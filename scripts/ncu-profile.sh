@@ -17,9 +17,10 @@ loom=${BUILD_DIR:-build}/tools/loom
 kernel=${PROFILE_KERNEL:-gemm_fp8}
 for t in ${PROFILE_TOKENS:-2048 8192}; do
   bench=(bench --preset qwen35-single --tokens "$t" --no-sol --no-check ${PROFILE_ARGS:-})
-  ncu --clock-control none -k "regex:$kernel" -s "${PROFILE_SKIP:-3}" -c "${PROFILE_COUNT:-1}" --section SpeedOfLight --section WarpStateStats \
-    --section SchedulerStats --section SourceCounters --section MemoryWorkloadAnalysis \
-    --section ComputeWorkloadAnalysis --section LaunchStats --section Occupancy --export "$out/detail-$t" \
+  ncu --clock-control none -k "regex:$kernel" -s "${PROFILE_SKIP:-3}" -c "${PROFILE_COUNT:-1}" \
+    --section SpeedOfLight --section WarpStateStats --section SchedulerStats --section SourceCounters \
+    --section MemoryWorkloadAnalysis --section ComputeWorkloadAnalysis --section LaunchStats --section Occupancy \
+    --export "$out/detail-$t" \
     "$loom" "${bench[@]}" --reps 5 --warmup 1 > "$out/detail-$t.txt" 2>&1
   ncu --import "$out/detail-$t.ncu-rep" --page details > "$out/detail-$t.details.txt" 2>&1
   ncu --import "$out/detail-$t.ncu-rep" --page source --print-source sass --csv > "$out/detail-$t.sass.csv" 2>&1

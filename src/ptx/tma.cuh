@@ -15,15 +15,11 @@ __device__ __forceinline__ void tma_load_2d(void* dst, const CUtensorMap* map, i
   cuda::ptx::cp_async_bulk_tensor(cuda::ptx::space_cluster, cuda::ptx::space_global, dst, map, coords, bar);
 }
 
-// L2 eviction-priority policies for the cache-hinted loads below (createpolicy, not in cuda::ptx).
+// An L2 policy for the cache-hinted load below: its lines are the first evicted (createpolicy, not
+// in cuda::ptx).
 __device__ __forceinline__ uint64_t l2_policy_evict_first() {
   uint64_t policy;
   asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(policy));
-  return policy;
-}
-__device__ __forceinline__ uint64_t l2_policy_evict_last() {
-  uint64_t policy;
-  asm volatile("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;" : "=l"(policy));
   return policy;
 }
 
