@@ -1,5 +1,7 @@
 #include "dispatch/route_dispatch_small_sm90.cuh"
 
+#include <cooperative_groups.h>
+
 #include <string>
 
 #include "common/cuda_check.hpp"
@@ -19,49 +21,75 @@ static_assert(kSmallBatchMaxTokens <= kWarps && kSmallBatchMaxTokens <= 32,
               "the fused kernel routes one token per warp and keeps 32-bit token masks");
 static_assert(kSmallMaxExperts <= kThreads && kWarps == 32, "the offset scan: one expert per thread, one warp of warp sums");
 
+constexpr int kMaxRoutes = kSmallBatchMaxTokens * 16;  // T * k: the routed ids and weights CTA 0 gathers
+constexpr int kTokensPerRouteCta = 8;  // one SM routes up to 8 tokens (warps) without running out of issue
+constexpr int kMaxRouteCtas = kSmallBatchMaxTokens / kTokensPerRouteCta;
+static_assert(kMaxRouteCtas <= 8, "a portable cluster has at most 8 CTAs");
+
 // Shared memory: per-warp per-expert counts (turned into per-warp cursors), expert totals and
-// offsets, and two counters. Dynamic: sized for the run's E.
+// offsets, and two counters; routing adds the routed ids and weights. Dynamic: sized for the E.
 struct Layout {
-  static size_t bytes(int experts) { return size_t(kWarps + 2) * size_t(experts + 1) * 4 + 16; }
+  static size_t bytes(int experts) { return size_t(kWarps + 2) * size_t(experts + 1) * 4 + 16 + kMaxRoutes * 8; }
 };
 
-// Routing and dispatch of T <= 32 tokens in one CTA. A token routes to an expert at most once, so
-// an expert's routes form a 32-bit token mask: its row count is a popcount, and a route's rank in
-// the expert's stable order (ascending token) the popcount of the lower tokens' bits. No per-warp
-// count tables and no scan over warps: one barrier after routing, one scan over experts.
+// Routing and dispatch of T <= 32 tokens by the route_ctas CTAs of one cluster. A token routes to
+// an expert at most once, so an expert's routes form a 32-bit token mask: its row count is a
+// popcount, and a route's rank in the expert's stable order (ascending token) the popcount of the
+// lower tokens' bits. Warp w of cluster rank r routes token w * route_ctas + r (routing 32 tokens
+// on one SM is issue-bound) and sets its bits in CTA 0's masks through distributed shared memory;
+// after one cluster barrier CTA 0 alone scans the experts and writes the layout.
 template <int V>
 __device__ __forceinline__ void route_dispatch_by_token_masks(const RouteTopkParams& rp, const DispatchParams& dp,
-                                                              int32_t* smem) {
+                                                              int route_ctas, int32_t* smem) {
+  namespace cg = cooperative_groups;
   const int E = dp.experts, k = dp.topk;
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  const int rank = int(blockIdx.x);  // the routing CTAs are the grid's first cluster
   uint32_t* masks = reinterpret_cast<uint32_t*>(smem);  // [E]: bit t = token t routes to the expert
   int32_t* offsets = smem + E;                           // [E]
   int32_t* warp_base = offsets + E;                      // [kWarps]: scan of the per-warp expert sums
   int32_t* counters = warp_base + kWarps;                // [0]: NaN tokens, [1]: dropped routes
+  int32_t* route_id = counters + 2;                      // [T * k]: routed ids (CTA 0's copy is used)
+  float* route_w = reinterpret_cast<float*>(route_id + kMaxRoutes);  // [T * k]: their weights
   for (int i = threadIdx.x; i < E; i += kThreads) masks[i] = 0u;
   if (threadIdx.x < 2) counters[threadIdx.x] = 0;
   // Everything below reads or writes memory the previous kernels of the chain may own.
   ptx::pdl_wait();
   ptx::pdl_launch_dependents();
-  __syncthreads();
-
-  // Warp w routes token w; lane j < k then holds slot j, which it stored itself (read back without
-  // a barrier).
-  const bool has_token = warp < rp.tokens;
-  int32_t id = -1;
-  float weight = 0.0f;
-  if (has_token) {
-    if (route_detail::route_one_token<V, false, kWarps>(rp, warp, lane, warp) && lane == 0) atomicAdd(&counters[0], 1);
+  // CTA 0's tables are cleared, and every CTA of the cluster runs (distributed shared memory may be
+  // accessed only then).
+  cg::cluster_group cluster = cg::this_cluster();
+  if (route_ctas > 1)
+    cluster.sync();
+  else
+    __syncthreads();
+  // Lane j < k of the token's warp then holds slot j, which it stored itself (read back without a
+  // barrier). CTA 0's tables are mapped after the routing, which needs every register it can get.
+  const int token = warp * route_ctas + rank;
+  if (token < rp.tokens) {
+    const bool has_nan = route_detail::route_one_token<V, false, kWarps>(rp, token, lane, warp);
+    uint32_t* masks0 = route_ctas > 1 ? cluster.map_shared_rank(masks, 0) : masks;
+    int32_t* counters0 = route_ctas > 1 ? cluster.map_shared_rank(counters, 0) : counters;
+    int32_t* route_id0 = route_ctas > 1 ? cluster.map_shared_rank(route_id, 0) : route_id;
+    float* route_w0 = route_ctas > 1 ? cluster.map_shared_rank(route_w, 0) : route_w;
+    if (has_nan && lane == 0) atomicAdd(&counters0[0], 1);
     if (lane < k) {
-      id = rp.topk_ids[warp * k + lane];
-      weight = rp.topk_weights[warp * k + lane];
+      const int32_t id = rp.topk_ids[token * k + lane];
+      const float weight = rp.topk_weights[token * k + lane];
+      route_id0[token * k + lane] = id;
+      route_w0[token * k + lane] = weight;
       if (id >= 0 && id < E)
-        atomicOr(&masks[id], 1u << warp);
+        atomicOr(&masks0[id], 1u << token);
       else
-        atomicAdd(&counters[1], 1);
+        atomicAdd(&counters0[1], 1);
     }
   }
-  __syncthreads();
+  // Every routed bit, id and weight is in CTA 0 (the barrier orders the remote writes before it).
+  if (route_ctas > 1)
+    cluster.sync();
+  else
+    __syncthreads();
+  if (rank != 0) return;
 
   // Offsets: exclusive scan of the popcounts, thread e = expert e (E <= 512 <= kThreads).
   const int count = int(threadIdx.x) < E ? __popc(masks[threadIdx.x]) : 0;
@@ -92,13 +120,14 @@ __device__ __forceinline__ void route_dispatch_by_token_masks(const RouteTopkPar
   }
   __syncthreads();
 
-  if (has_token && lane < k) {
-    const int route = warp * k + lane;
+  for (int route = threadIdx.x; route < rp.tokens * k; route += kThreads) {
+    const int t = route / k;
+    const int32_t id = route_id[route];
     if (id >= 0 && id < E) {
-      const int row = offsets[id] + __popc(masks[id] & ((1u << warp) - 1u));
+      const int row = offsets[id] + __popc(masks[id] & ((1u << t) - 1u));
       dp.route_row[route] = row;
-      dp.row_token[row] = warp;
-      dp.row_weight[row] = weight;
+      dp.row_token[row] = t;
+      dp.row_weight[row] = route_w[route];
     } else {
       dp.route_row[route] = -1;
     }
@@ -113,21 +142,24 @@ __device__ __forceinline__ void route_dispatch_by_token_masks(const RouteTopkPar
 
 // kRoute: route first (V slots per lane, T <= 32: token masks); else dispatch the top-k ids already
 // in dp (up to kSmallBatchMaxRoutes: per-warp count tables).
-// CTA 0 routes and dispatches; CTAs 1.. (if any) quantise qp in token order meanwhile.
+// CTAs [0, route_ctas) route (one cluster) and CTA 0 dispatches; the CTAs after them (if any)
+// quantise qp in token order meanwhile.
 template <bool kRoute, int V>
 __global__ void __launch_bounds__(kThreads, 1)
-    route_dispatch_small_kernel(const RouteTopkParams rp, const DispatchParams dp, const QuantGatherParams qp) {
+    route_dispatch_small_kernel(const RouteTopkParams rp, const DispatchParams dp, const QuantGatherParams qp,
+                                int route_ctas) {
   extern __shared__ int32_t smem[];
-  if (blockIdx.x > 0) {
+  if (int(blockIdx.x) >= route_ctas) {
     // The quantised rows and the output cleared here may still be read by the previous run.
     ptx::pdl_wait();
     ptx::pdl_launch_dependents();
-    const int64_t tid = int64_t(blockIdx.x - 1) * kThreads + threadIdx.x, nth = int64_t(gridDim.x - 1) * kThreads;
+    const int64_t tid = int64_t(int(blockIdx.x) - route_ctas) * kThreads + threadIdx.x,
+                  nth = int64_t(int(gridDim.x) - route_ctas) * kThreads;
     quant_detail::quant_gather_body(qp, uint64_t(tid) >> 5, uint64_t(nth) >> 5, tid, nth);
     return;
   }
   if constexpr (kRoute) {
-    route_dispatch_by_token_masks<V>(rp, dp, smem);
+    route_dispatch_by_token_masks<V>(rp, dp, route_ctas, smem);
     return;
   }
   const int E = dp.experts, k = dp.topk;
@@ -233,23 +265,33 @@ __global__ void __launch_bounds__(kThreads, 1)
 }  // namespace
 
 bool route_dispatch_small_fits(int tokens, int topk, int experts, const Routing& routing) {
-  return routing.scoring == Scoring::softmax && experts <= kSmallMaxExperts && tokens <= kSmallBatchMaxTokens;
+  return routing.scoring == Scoring::softmax && experts <= kSmallMaxExperts && tokens <= kSmallBatchMaxTokens &&
+         topk <= kMaxRoutes / kSmallBatchMaxTokens;
 }
+
+// One SM routes up to 8 tokens; beyond, 32 tokens on one SM are issue-bound (T=32: the fused
+// kernel alone 10.9 us on one CTA, 8.5 on a cluster of 4), while a cluster costs its barriers and
+// whole-cluster grid (T=1: 15.3 vs 16.2-16.4 us e2e; T=8: 28.8 vs 29.2-29.4). Measured same call,
+// e2e T=16 / 32: one CTA 44.9 / 56.1, two 45.1 / 54.5, four 44.6 / 53.7 us (docs/perf.md).
+int route_dispatch_small_ctas(int tokens) { return tokens <= kTokensPerRouteCta ? 1 : kMaxRouteCtas; }
 
 bool dispatch_small_fits(int tokens, int topk, int experts) {
   return experts <= kSmallMaxExperts && int64_t(tokens) * topk <= kSmallBatchMaxRoutes;
 }
 
 namespace {
-// quant_ctas: extra CTAs that quantise qp (0: none).
+// quant_ctas: extra CTAs that quantise qp (0: none). The routing CTAs (route_dispatch_small_ctas)
+// come first; the quantising CTAs follow, rounded up to whole clusters.
 template <bool kRoute, int V>
 void launch_one(const RouteTopkParams& rp, const DispatchParams& dp, const QuantGatherParams& qp, int quant_ctas,
                 cudaStream_t stream, bool pdl) {
   const size_t smem = Layout::bytes(dp.experts);
   LOOM_CUDA_CHECK(cudaFuncSetAttribute(route_dispatch_small_kernel<kRoute, V>,
                                        cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
-  launch_kernel(route_dispatch_small_kernel<kRoute, V>, dim3(1 + quant_ctas), dim3(kThreads), smem, stream, pdl, rp, dp,
-                qp);
+  const int route_ctas = kRoute ? route_dispatch_small_ctas(rp.tokens) : 1;
+  const int quant_clusters = (quant_ctas + route_ctas - 1) / route_ctas;
+  launch_kernel_clustered(route_dispatch_small_kernel<kRoute, V>, dim3(route_ctas * (1 + quant_clusters)),
+                          dim3(kThreads), smem, stream, pdl, unsigned(route_ctas), rp, dp, qp, route_ctas);
 }
 
 void launch_routed(const RouteTopkParams& rp, const DispatchParams& dp, const QuantGatherParams& qp, int quant_ctas,

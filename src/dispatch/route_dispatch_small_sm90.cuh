@@ -1,9 +1,11 @@
-// Small batches (decode), one CTA of 1024 threads:
+// Small batches (decode), CTAs of 1024 threads:
 //  - launch_route_dispatch_small: routing AND the dispatch layout in one kernel, so the chain loses a
 //    kernel boundary. One token per warp (T <= 32: more tokens per warp would serialise their
 //    latency), softmax scoring only (sigmoid groups keep per-warp scratch 32 warps cannot afford).
-//    Extra CTAs of the same launch quantise the activations in token order meanwhile (the whole
-//    glue in one kernel: the chain to the GEMM has a single boundary).
+//    Up to 8 tokens one CTA routes them all; beyond, a cluster of 4 CTAs shares the tokens and
+//    gathers their routes in CTA 0's shared memory, which builds the layout. Extra CTAs of the same
+//    launch quantise the activations in token order meanwhile (the whole glue in one kernel: the
+//    chain to the GEMM has a single boundary).
 //  - launch_dispatch_small: the dispatch layout alone, from top-k ids (any scoring), for up to
 //    kSmallBatchMaxRoutes routes: a lean single pass of counting, two scans and a stable walk.
 // Both write exactly what launch_route_topk + launch_dispatch write (bit-identical results).
@@ -22,6 +24,8 @@ inline constexpr int kSmallBatchMaxRoutes = 2048;  // dispatch alone (a single C
 
 // Whether the fused route+dispatch kernel takes this batch.
 bool route_dispatch_small_fits(int tokens, int topk, int experts, const Routing& routing);
+// The routing CTAs (one cluster) the fused kernel uses for `tokens` tokens.
+int route_dispatch_small_ctas(int tokens);
 // Whether the single-CTA dispatch takes this batch.
 bool dispatch_small_fits(int tokens, int topk, int experts);
 

@@ -99,7 +99,7 @@ std::string describe(const Plan& p) {
     << "kernels (GEMM gathering by token): route (warp per token) + quantise (1x128, bit-exact, token order) in one "
        "launch -> dispatch (counts, scan, stable rows; one CTA up to " << kSmallBatchMaxRoutes
     << " routes; for softmax up to " << kSmallBatchMaxTokens
-    << " tokens routing, dispatch and quantise are one launch) -> GEMM\n"
+    << " tokens routing, dispatch and quantise are one launch, routed by a cluster of 4 CTAs above 8 tokens) -> GEMM\n"
     << "kernels (GEMM on sorted rows): route -> dispatch + quantise+gather into expert order in one launch (every "
        "CTA builds the layout from token masks; up to E * ceil(T/32) mask words in shared memory, else two launches) "
        "-> GEMM\n"
