@@ -67,6 +67,7 @@ __global__ void __launch_bounds__(kThreads) dispatch_quant_kernel(const Dispatch
   s.counters = s.warp_base + kMaxWarps;
   for (int i = threadIdx.x; i < E * words; i += kThreads) s.masks[i] = 0u;
   if (threadIdx.x < 2) s.counters[threadIdx.x] = 0;
+  quant_detail::prefetch_first_units(qp, (uint64_t(blockIdx.x) * kThreads + threadIdx.x) >> 5);
   // Everything below reads what the routing kernel wrote, or writes what the previous run may
   // still read.
   ptx::pdl_wait();

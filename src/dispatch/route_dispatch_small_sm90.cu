@@ -51,6 +51,8 @@ __device__ __forceinline__ void route_dispatch_by_token_masks(const RouteTopkPar
   int32_t* counters = warp_base + kWarps;                // [0]: NaN tokens, [1]: dropped routes
   int32_t* route_id = counters + 2;                      // [T * k]: routed ids (CTA 0's copy is used)
   float* route_w = reinterpret_cast<float*>(route_id + kMaxRoutes);  // [T * k]: their weights
+  const int token = warp * route_ctas + rank;
+  if (token < rp.tokens) route_detail::prefetch_token_logits(rp, token, lane);
   for (int i = threadIdx.x; i < E; i += kThreads) masks[i] = 0u;
   if (threadIdx.x < 2) counters[threadIdx.x] = 0;
   // Everything below reads or writes memory the previous kernels of the chain may own.
@@ -65,7 +67,6 @@ __device__ __forceinline__ void route_dispatch_by_token_masks(const RouteTopkPar
     __syncthreads();
   // Lane j < k of the token's warp then holds slot j, which it stored itself (read back without a
   // barrier). CTA 0's tables are mapped after the routing, which needs every register it can get.
-  const int token = warp * route_ctas + rank;
   if (token < rp.tokens) {
     const bool has_nan = route_detail::route_one_token<V, false, kWarps>(rp, token, lane, warp);
     uint32_t* masks0 = route_ctas > 1 ? cluster.map_shared_rank(masks, 0) : masks;
@@ -150,11 +151,12 @@ __global__ void __launch_bounds__(kThreads, 1)
                                 int route_ctas) {
   extern __shared__ int32_t smem[];
   if (int(blockIdx.x) >= route_ctas) {
+    const int64_t tid = int64_t(int(blockIdx.x) - route_ctas) * kThreads + threadIdx.x,
+                  nth = int64_t(int(gridDim.x) - route_ctas) * kThreads;
+    quant_detail::prefetch_first_units(qp, uint64_t(tid) >> 5);
     // The quantised rows and the output cleared here may still be read by the previous run.
     ptx::pdl_wait();
     ptx::pdl_launch_dependents();
-    const int64_t tid = int64_t(int(blockIdx.x) - route_ctas) * kThreads + threadIdx.x,
-                  nth = int64_t(int(gridDim.x) - route_ctas) * kThreads;
     quant_detail::quant_gather_body(qp, uint64_t(tid) >> 5, uint64_t(nth) >> 5, tid, nth);
     return;
   }

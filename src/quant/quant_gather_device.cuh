@@ -4,6 +4,7 @@
 
 #include <cstdint>
 
+#include "ptx/prefetch.cuh"
 #include "quant/quant_gather_sm90.cuh"
 
 // Mapping: one 128-wide group of one token per 8 lanes ("octet"). Lane `sub` of the octet owns 16
@@ -58,6 +59,18 @@ struct RowsFromRouteRow {
     return __ldcg(p.route_row + int64_t(t) * p.topk + j);
   }
 };
+
+// Before the caller's PDL wait: asks L2 for the hidden values of the units its first pass over
+// (warp, as in quant_gather_body) will load, so that pass waits on L2 rather than HBM.
+__device__ __forceinline__ void prefetch_first_units(const QuantGatherParams& p, uint64_t warp) {
+  const int H = p.hidden_dim, sub = int(threadIdx.x & 31u) & (kLanesPerUnit - 1);
+  const uint32_t groups = uint32_t(H + 127) / 128u;
+  const uint64_t unit = warp * kUnitsPerWarp + (threadIdx.x & 31u) / kLanesPerUnit;
+  if (unit >= uint64_t(p.tokens) * groups) return;
+  const uint32_t t = uint32_t(unit / groups), g = uint32_t(unit - uint64_t(t) * groups);
+  const uint32_t c = g * kLanesPerUnit + uint32_t(sub);  // this lane's 16-element chunk
+  if (c < uint32_t(H) / 16u) ptx::prefetch_l2(p.hidden + int64_t(t) * H + int64_t(c) * 16);
+}
 
 // The whole stage for the warps [warp, warp + warps, ...) and threads [tid, tid + nth, ...) of the
 // caller's grid (warps and threads counted globally).

@@ -19,6 +19,7 @@ constexpr int kThreads = 128;
 __global__ void __launch_bounds__(kThreads) quant_gather_kernel(const QuantGatherParams p) {
   // Lets the next kernel start launching; it waits for this grid's completion itself.
   ptx::pdl_launch_dependents();
+  quant_detail::prefetch_first_units(p, (uint64_t(blockIdx.x) * kThreads + threadIdx.x) >> 5);
   // Before any global access: route_row comes from the dispatch kernel, and the buffers written
   // here may still be read by a kernel of the previous run.
   ptx::pdl_wait();

@@ -18,11 +18,17 @@ constexpr int kThreads = kWarpsPerCta * 32;
 template <int V, bool kSigmoid>
 __global__ void __launch_bounds__(kThreads) route_quant_kernel(const RouteTopkParams rp, const QuantGatherParams qp,
                                                                int route_ctas) {
+  const int lane = int(threadIdx.x) & 31, warp = int(threadIdx.x) >> 5;
+  if (int(blockIdx.x) < route_ctas) {
+    const int64_t token = int64_t(blockIdx.x) * kWarpsPerCta + warp;
+    if (token < rp.tokens) route_detail::prefetch_token_logits(rp, token, lane);
+  } else {
+    quant_detail::prefetch_first_units(qp, uint64_t(int64_t(blockIdx.x) - route_ctas) * kWarpsPerCta + uint64_t(warp));
+  }
   // Every CTA, routing or quantising: the buffers written here may still be read by the previous
   // run's kernels.
   ptx::pdl_wait();
   ptx::pdl_launch_dependents();
-  const int lane = int(threadIdx.x) & 31, warp = int(threadIdx.x) >> 5;
   if (int(blockIdx.x) < route_ctas) {
     const int64_t token = int64_t(blockIdx.x) * kWarpsPerCta + warp;
     if (token < rp.tokens) route_detail::route_one_token<V, kSigmoid, kWarpsPerCta>(rp, token, lane, warp);

@@ -4,6 +4,7 @@
 
 #include <cmath>
 
+#include "ptx/prefetch.cuh"
 #include "route/route_topk_sm90.cuh"
 
 namespace loom::route_detail {
@@ -160,6 +161,12 @@ __device__ __forceinline__ void keep_best_groups(uint32_t (&key)[V], const float
     const int e = s * 32 + lane;
     if (e < experts && !kept[uint32_t(e) / uint32_t(group_size)]) key[s] = kNotCandidate;
   }
+}
+
+// Before the caller's PDL wait: asks L2 for the token's logits (one 128-byte line per lane), so the
+// routing's first loads wait on L2 rather than HBM.
+__device__ __forceinline__ void prefetch_token_logits(const RouteTopkParams& p, int64_t token, int lane) {
+  if (lane * 32 < p.experts) ptx::prefetch_l2(p.logits + token * p.experts + lane * 32);
 }
 
 // Routes one token with the whole warp (see the file comment); lanes 0..k-1 store its ids and

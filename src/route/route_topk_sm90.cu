@@ -44,12 +44,12 @@ constexpr int kThreads = kWarpsPerCta * 32;
 
 template <int V, bool kSigmoid>
 __global__ void __launch_bounds__(kThreads) route_topk_kernel(const RouteTopkParams p) {
+  const int lane = int(threadIdx.x) & 31, warp = int(threadIdx.x) >> 5;
+  const int64_t token = int64_t(blockIdx.x) * kWarpsPerCta + warp;
+  if (token < p.tokens) route_detail::prefetch_token_logits(p, token, lane);
   // Everything below reads or writes memory the previous kernels of the chain may own.
   ptx::pdl_wait();
   ptx::pdl_launch_dependents();
-
-  const int lane = int(threadIdx.x) & 31, warp = int(threadIdx.x) >> 5;
-  const int64_t token = int64_t(blockIdx.x) * kWarpsPerCta + warp;
   if (token >= p.tokens) return;  // warp-uniform
   route_one_token<V, kSigmoid, kWarpsPerCta>(p, token, lane, warp);
 }
