@@ -21,7 +21,8 @@ static_assert(kSmallBatchMaxTokens <= kWarps && kSmallBatchMaxTokens <= 32,
               "the fused kernel routes one token per warp and keeps 32-bit token masks");
 static_assert(kSmallMaxExperts <= kThreads && kWarps == 32, "the offset scan: one expert per thread, one warp of warp sums");
 
-constexpr int kMaxRoutes = kSmallBatchMaxTokens * 16;  // T * k: the routed ids and weights CTA 0 gathers
+constexpr int kSmallMaxTopk = 16;
+constexpr int kMaxRoutes = kSmallBatchMaxTokens * kSmallMaxTopk;  // T * k: the routed ids and weights CTA 0 gathers
 constexpr int kTokensPerRouteCta = 8;  // one SM routes up to 8 tokens (warps) without running out of issue
 constexpr int kMaxRouteCtas = kSmallBatchMaxTokens / kTokensPerRouteCta;
 static_assert(kMaxRouteCtas <= 8, "a portable cluster has at most 8 CTAs");
@@ -268,7 +269,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 
 bool route_dispatch_small_fits(int tokens, int topk, int experts, const Routing& routing) {
   return routing.scoring == Scoring::softmax && experts <= kSmallMaxExperts && tokens <= kSmallBatchMaxTokens &&
-         topk <= kMaxRoutes / kSmallBatchMaxTokens;
+         topk <= kSmallMaxTopk;
 }
 
 // One SM routes up to 8 tokens; beyond, 32 tokens on one SM are issue-bound (T=32: the fused

@@ -201,6 +201,13 @@ TEST(RouteDispatchSmall, TakesOnlySmallBatches) {
   EXPECT_FALSE(route_dispatch_small_fits(33, 8, 256, softmax));
   EXPECT_FALSE(route_dispatch_small_fits(16, 8, 256, sigmoid));
   EXPECT_FALSE(route_dispatch_small_fits(16, 8, 1024, softmax));
+  EXPECT_TRUE(route_dispatch_small_fits(32, 16, 512, softmax));
+  EXPECT_FALSE(route_dispatch_small_fits(32, 17, 256, softmax));  // CTA 0 gathers at most 32 x 16 routes
+  // One routing CTA up to 8 tokens, a cluster of 4 beyond (each routes at most 8).
+  EXPECT_EQ(route_dispatch_small_ctas(1), 1);
+  EXPECT_EQ(route_dispatch_small_ctas(8), 1);
+  EXPECT_EQ(route_dispatch_small_ctas(9), 4);
+  EXPECT_EQ(route_dispatch_small_ctas(32), 4);
   EXPECT_TRUE(dispatch_small_fits(256, 8, 512));
   EXPECT_FALSE(dispatch_small_fits(257, 8, 512));
   EXPECT_FALSE(dispatch_small_fits(16, 8, 1024));
