@@ -16,7 +16,7 @@ constexpr int kWarpsPerCta = 4;  // as the routing kernel: one token per warp
 constexpr int kThreads = kWarpsPerCta * 32;
 
 template <int V, bool kSigmoid>
-__global__ void __launch_bounds__(kThreads) route_quant_kernel(const RouteTopkParams rp, const QuantGatherParams qp,
+__global__ void __launch_bounds__(kThreads, 1) route_quant_kernel(const RouteTopkParams rp, const QuantGatherParams qp,
                                                                int route_ctas) {
   const int lane = int(threadIdx.x) & 31, warp = int(threadIdx.x) >> 5;
   if (int(blockIdx.x) < route_ctas) {

@@ -220,15 +220,17 @@ __device__ __forceinline__ bool route_one_token(const RouteTopkParams& p, int64_
       denominator = warp_sum(part);
     }
 
-    float mine = 0.0f;
+    float my_c = 0.0f;  // lane r < k: the (capped) logit of rank r
     for (int r = 0; r < topk; ++r) {
       float v;
       const uint32_t id = take_best(key, c, lane, v);
       if (lane == r) {
         my_id = int32_t(id);
-        mine = mass(v);
+        my_c = v;
       }
     }
+    // Once, after the ranking: inside the loop the warp issued the exp of every round.
+    const float mine = lane < topk ? mass(my_c) : 0.0f;
     // Renormalised: e / sum over the k chosen e (the full denominator cancels); a zero sum means
     // every weight is 0 and stays 0.
     const float chosen = warp_sum(lane < topk ? mine : 0.0f);
