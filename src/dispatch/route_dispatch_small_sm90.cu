@@ -66,18 +66,18 @@ __device__ __forceinline__ void route_dispatch_by_token_masks(const RouteTopkPar
     cluster.sync();
   else
     __syncthreads();
-  // Lane j < k of the token's warp then holds slot j, which it stored itself (read back without a
-  // barrier). CTA 0's tables are mapped after the routing, which needs every register it can get.
+  // Lane j < k of the token's warp then holds slot j in registers. CTA 0's tables are mapped after
+  // the routing, which needs every register it can get.
   if (token < rp.tokens) {
-    const bool has_nan = route_detail::route_one_token<V, false, kWarps>(rp, token, lane, warp);
+    int32_t id;
+    float weight;
+    const bool has_nan = route_detail::route_one_token<V, false, kWarps>(rp, token, lane, warp, id, weight);
     uint32_t* masks0 = route_ctas > 1 ? cluster.map_shared_rank(masks, 0) : masks;
     int32_t* counters0 = route_ctas > 1 ? cluster.map_shared_rank(counters, 0) : counters;
     int32_t* route_id0 = route_ctas > 1 ? cluster.map_shared_rank(route_id, 0) : route_id;
     float* route_w0 = route_ctas > 1 ? cluster.map_shared_rank(route_w, 0) : route_w;
     if (has_nan && lane == 0) atomicAdd(&counters0[0], 1);
     if (lane < k) {
-      const int32_t id = rp.topk_ids[token * k + lane];
-      const float weight = rp.topk_weights[token * k + lane];
       route_id0[token * k + lane] = id;
       route_w0[token * k + lane] = weight;
       if (id >= 0 && id < E)

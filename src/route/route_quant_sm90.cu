@@ -31,7 +31,9 @@ __global__ void __launch_bounds__(kThreads, 1) route_quant_kernel(const RouteTop
   ptx::pdl_launch_dependents();
   if (int(blockIdx.x) < route_ctas) {
     const int64_t token = int64_t(blockIdx.x) * kWarpsPerCta + warp;
-    if (token < rp.tokens) route_detail::route_one_token<V, kSigmoid, kWarpsPerCta>(rp, token, lane, warp);
+    int32_t id;
+    float weight;
+    if (token < rp.tokens) route_detail::route_one_token<V, kSigmoid, kWarpsPerCta>(rp, token, lane, warp, id, weight);
   } else {
     const int64_t block = int64_t(blockIdx.x) - route_ctas, blocks = int64_t(gridDim.x) - route_ctas;
     const int64_t tid = block * kThreads + threadIdx.x, nth = blocks * kThreads;

@@ -170,10 +170,13 @@ __device__ __forceinline__ void prefetch_token_logits(const RouteTopkParams& p, 
 }
 
 // Routes one token with the whole warp (see the file comment); lanes 0..k-1 store its ids and
-// weights. Returns whether the token has a NaN logit (the same on every lane). kWarps: warps per
-// CTA of the calling kernel (sigmoid groups keep per-warp scratch in shared memory).
+// weights, and also return them in slot_id / slot_weight (lane j: slot j), so a caller needs no
+// read-back of what it stored. Returns whether the token has a NaN logit (the same on every lane).
+// kWarps: warps per CTA of the calling kernel (sigmoid groups keep per-warp scratch in shared
+// memory).
 template <int V, bool kSigmoid, int kWarps>
-__device__ __forceinline__ bool route_one_token(const RouteTopkParams& p, int64_t token, int lane, int warp) {
+__device__ __forceinline__ bool route_one_token(const RouteTopkParams& p, int64_t token, int lane, int warp,
+                                                int32_t& slot_id, float& slot_weight) {
   const int experts = p.experts, topk = p.topk;
   const float* row = p.logits + token * experts;
 
@@ -271,6 +274,8 @@ __device__ __forceinline__ bool route_one_token(const RouteTopkParams& p, int64_
     p.topk_ids[token * topk + lane] = my_id;
     p.topk_weights[token * topk + lane] = weight;
   }
+  slot_id = my_id;
+  slot_weight = weight;
   if (lane == 0) p.nan_flags[token] = has_nan ? 1 : 0;
   return has_nan;
 }

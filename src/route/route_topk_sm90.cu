@@ -51,7 +51,9 @@ __global__ void __launch_bounds__(kThreads) route_topk_kernel(const RouteTopkPar
   ptx::pdl_wait();
   ptx::pdl_launch_dependents();
   if (token >= p.tokens) return;  // warp-uniform
-  route_one_token<V, kSigmoid, kWarpsPerCta>(p, token, lane, warp);
+  int32_t id;
+  float weight;
+  route_one_token<V, kSigmoid, kWarpsPerCta>(p, token, lane, warp, id, weight);
 }
 
 template <bool kSigmoid>
