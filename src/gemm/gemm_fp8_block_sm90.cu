@@ -134,15 +134,6 @@ __device__ __forceinline__ Unit decode_unit(const SharedStorage& s, const Kernel
   return unit;
 }
 
-// Odd chunks of a unit walk its K blocks downwards, so a re-streamed weight tile starts with the
-// blocks the previous chunk loaded last (most likely still in L2; T=8192 e2e 348.7 / 348.2 vs
-// 350.1 / 350.1 us, same call). Only while the unit's weight scales fit one lane each (the
-// consumer's scale lookup) and not for the rescale experiment.
-template <bool kRescale>
-__device__ __forceinline__ bool chunk_reversed(const KernelArgs& a, const Unit& unit, int chunk) {
-  return !kRescale && !a.gather && (chunk / kMaxChunk) % 2 == 1 && unit.kb_end - unit.kb_begin <= 32;
-}
-
 // Compact mode: the experts with at least one row, in ascending order (ballot per 32 experts,
 // then a prefix over the per-32 counts). Every CTA builds the same list.
 __device__ __forceinline__ void build_hit_list(SharedStorage& s, const KernelArgs& a) {
@@ -221,7 +212,7 @@ __device__ __forceinline__ void promote_block(SharedStorage& s, float (&acc)[W /
 // the K loop with per-block promotion, then the weighted epilogue.
 template <int W, bool kRescale>
 __device__ __forceinline__ void consume_chunk(SharedStorage& s, PipelineState& ps, const KernelArgs& a, const Unit& unit,
-                                              int row0, int chunk_rows, int consumer, bool reverse) {
+                                              int row0, int chunk_rows, int consumer) {
   const int e = unit.expert, nb = unit.nb;
   using Mma = ptx::WgmmaE4M3<W>;
   constexpr int kRegs = Mma::kRegs;
@@ -302,36 +293,32 @@ __device__ __forceinline__ void consume_chunk(SharedStorage& s, PipelineState& p
     float acc0[kRegs], acc1[kRegs];
 #pragma unroll
     for (int i = 0; i < kRegs; ++i) acc0[i] = 0.0f, acc1[i] = 0.0f;
-    // Step i loads K block kb_at(i) (see chunk_reversed; the scale lookup takes any order of at
-    // most 32 blocks).
-    const int steps = unit.kb_end - unit.kb_begin;
-    auto kb_at = [&](int i) { return reverse ? unit.kb_end - 1 - i : unit.kb_begin + i; };
-    int i = 0;
+    int kb = unit.kb_begin;
     PipelineState cur = ps;
     issue_block<W>(s, acc0, cur.stage, cur.phase, consumer, gather);
     while (true) {
       PipelineState next = cur;
       next.advance();
-      if (i + 1 < steps) {
+      if (kb + 1 < unit.kb_end) {
         issue_block<W>(s, acc1, next.stage, next.phase, consumer, gather);
-        promote_block<W, 1>(s, acc0, final_acc, cur.stage, scale_shift, weight_scale(kb_at(i)));
+        promote_block<W, 1>(s, acc0, final_acc, cur.stage, scale_shift, weight_scale(kb));
       } else {
-        promote_block<W, 0>(s, acc0, final_acc, cur.stage, scale_shift, weight_scale(kb_at(i)));
+        promote_block<W, 0>(s, acc0, final_acc, cur.stage, scale_shift, weight_scale(kb));
         cur = next;
         break;
       }
-      ++i;
+      ++kb;
       cur = next;
       next.advance();
-      if (i + 1 < steps) {
+      if (kb + 1 < unit.kb_end) {
         issue_block<W>(s, acc0, next.stage, next.phase, consumer, gather);
-        promote_block<W, 1>(s, acc1, final_acc, cur.stage, scale_shift, weight_scale(kb_at(i)));
+        promote_block<W, 1>(s, acc1, final_acc, cur.stage, scale_shift, weight_scale(kb));
       } else {
-        promote_block<W, 0>(s, acc1, final_acc, cur.stage, scale_shift, weight_scale(kb_at(i)));
+        promote_block<W, 0>(s, acc1, final_acc, cur.stage, scale_shift, weight_scale(kb));
         cur = next;
         break;
       }
-      ++i;
+      ++kb;
       cur = next;
     }
     ps = cur;
@@ -459,9 +446,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         if (!a.gather) {
           const uint32_t bytes = kWTileBytes + width * kBlockK + (width + kScaleAlign) * 4;
           const int scale_row = (row_begin + chunk) / kScaleAlign * kScaleAlign;
-          const bool reverse = chunk_reversed<kRescale>(a, unit, chunk);
-          for (int i = 0; i < unit.kb_end - unit.kb_begin; ++i) {
-            const int kb = reverse ? unit.kb_end - 1 - i : unit.kb_begin + i;
+          for (int kb = unit.kb_begin; kb < unit.kb_end; ++kb) {
             ptx::mbar_wait(&s.empty[ps.stage], ps.phase ^ 1);
             ptx::mbar_arrive_expect_tx(&s.full[ps.stage], bytes);
             load_weight_tile(s.w[ps.stage], kb, e * a.n + nb * kBlockM, &s.full[ps.stage]);
@@ -518,12 +503,11 @@ __global__ void __launch_bounds__(kThreads, 1)
       const int row_begin = __ldg(a.offsets + unit.expert), rows = __ldg(a.offsets + unit.expert + 1) - row_begin;
       for (int chunk = 0; chunk < rows; chunk += kMaxChunk) {
         const int chunk_rows = min(kMaxChunk, rows - chunk);
-        const bool reverse = chunk_reversed<kRescale>(a, unit, chunk);
         switch (width_index(chunk_rows)) {
-          case 0: consume_chunk<16, kRescale>(s, ps, a, unit, row_begin + chunk, chunk_rows, consumer, reverse); break;
-          case 1: consume_chunk<32, kRescale>(s, ps, a, unit, row_begin + chunk, chunk_rows, consumer, reverse); break;
-          case 2: consume_chunk<64, kRescale>(s, ps, a, unit, row_begin + chunk, chunk_rows, consumer, reverse); break;
-          default: consume_chunk<128, kRescale>(s, ps, a, unit, row_begin + chunk, chunk_rows, consumer, reverse); break;
+          case 0: consume_chunk<16, kRescale>(s, ps, a, unit, row_begin + chunk, chunk_rows, consumer); break;
+          case 1: consume_chunk<32, kRescale>(s, ps, a, unit, row_begin + chunk, chunk_rows, consumer); break;
+          case 2: consume_chunk<64, kRescale>(s, ps, a, unit, row_begin + chunk, chunk_rows, consumer); break;
+          default: consume_chunk<128, kRescale>(s, ps, a, unit, row_begin + chunk, chunk_rows, consumer); break;
         }
       }
     }
