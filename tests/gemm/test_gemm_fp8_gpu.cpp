@@ -176,6 +176,7 @@ TEST(GemmFp8Gpu, ChunkWidthsFromOneToManyRowsPerExpert) {
   run_case({1, 2048, 512, 8, 1, "balanced"}, CombineMode::atomic, seed);
   run_case({40, 2048, 512, 8, 4, "balanced"}, CombineMode::atomic, seed);      // 20 rows each
   run_case({100, 2048, 512, 16, 8, "balanced"}, CombineMode::atomic, seed);    // 50 rows each
+  run_case({150, 2048, 512, 16, 8, "balanced"}, CombineMode::store, seed);     // 75 rows: one 128-wide chunk
   run_case({300, 1024, 256, 8, 2, "concentrated"}, CombineMode::atomic, seed); // 300 rows: 128+128+44
   run_case({128, 2048, 512, 256, 8, "hot:0.9"}, CombineMode::store, seed);
   run_case({128, 2048, 512, 256, 8, "zipf:1.2"}, CombineMode::atomic, seed);
