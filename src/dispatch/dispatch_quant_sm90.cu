@@ -67,9 +67,15 @@ __global__ void __launch_bounds__(kThreads) dispatch_quant_kernel(const Dispatch
   s.counters = s.warp_base + kMaxWarps;
   for (int i = threadIdx.x; i < E * words; i += kThreads) s.masks[i] = 0u;
   if (threadIdx.x < 2) s.counters[threadIdx.x] = 0;
-  quant_detail::prefetch_first_units(qp, (uint64_t(blockIdx.x) * kThreads + threadIdx.x) >> 5);
-  // Everything below reads what the routing kernel wrote, or writes what the previous run may
-  // still read.
+  // This kernel follows the routing kernel, which triggers its dependents only after its own PDL
+  // wait: everything before the routing kernel has completed by now. So the hidden rows (not
+  // written by the routing) can be read and quantised before our wait, and the output cleared.
+  const uint64_t global_warp = (uint64_t(blockIdx.x) * kThreads + threadIdx.x) >> 5;
+  const quant_detail::UnitCodes first_pass = quant_detail::quantize_first_pass(qp, global_warp);
+  QuantGatherParams qp_rest = qp;
+  qp_rest.zero_out = nullptr;
+  quant_detail::clear_output(qp, int64_t(blockIdx.x) * kThreads + threadIdx.x, int64_t(gridDim.x) * kThreads);
+  // Everything below reads what the routing kernel wrote.
   ptx::pdl_wait();
   ptx::pdl_launch_dependents();
   __syncthreads();
@@ -163,7 +169,7 @@ __global__ void __launch_bounds__(kThreads) dispatch_quant_kernel(const Dispatch
       *dp.status = st;
     }
   }
-  quant_detail::quant_gather_body(qp, uint64_t(tid) >> 5, uint64_t(nth) >> 5, tid, nth, rows);
+  quant_detail::quant_gather_body(qp_rest, uint64_t(tid) >> 5, uint64_t(nth) >> 5, tid, nth, rows, &first_pass);
 }
 
 }  // namespace

@@ -72,16 +72,99 @@ __device__ __forceinline__ void prefetch_first_units(const QuantGatherParams& p,
   if (c < uint32_t(H) / 16u) ptx::prefetch_l2(p.hidden + int64_t(t) * H + int64_t(c) * 16);
 }
 
+// One octet's (token, group) unit of a warp pass, quantised: its 16 codes and the group's scale.
+struct UnitCodes {
+  uint4 codes;
+  float scale;
+};
+
+// Loads and quantises this lane's 16 values of unit (t, c) (inactive lanes load nothing and give
+// amax 0). Every lane of the warp must call it (octet shuffles).
+__device__ __forceinline__ UnitCodes quantize_unit(const QuantGatherParams& p, uint32_t t, uint32_t c, bool active) {
+  uint4 raw0 = make_uint4(0u, 0u, 0u, 0u), raw1 = raw0;
+  if (active) {
+    const uint4* src = reinterpret_cast<const uint4*>(p.hidden + int64_t(t) * p.hidden_dim) + 2 * c;
+    raw0 = __ldcg(src);
+    raw1 = __ldcg(src + 1);
+  }
+  float x[16];
+  const uint32_t w[8] = {raw0.x, raw0.y, raw0.z, raw0.w, raw1.x, raw1.y, raw1.z, raw1.w};
+#pragma unroll
+  for (int i = 0; i < 8; ++i) {
+    x[2 * i] = bf16_lo(w[i]);
+    x[2 * i + 1] = bf16_hi(w[i]);
+  }
+  // A comparison, as in the reference, rather than fmaxf: it skips every NaN whatever its kind
+  // (IEEE maxNum, and glibc's fmaxf, return NaN for a signalling NaN such as bf16 0x7f81).
+  float amax = 0.0f;
+#pragma unroll
+  for (int i = 0; i < 16; ++i) {
+    const float a = fabsf(x[i]);
+    amax = a > amax ? a : amax;
+  }
+  // Octet-wide max (no NaN left): xor offsets 4, 2, 1 stay inside the octet.
+#pragma unroll
+  for (int off = kLanesPerUnit / 2; off > 0; off /= 2) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, off));
+  UnitCodes u;
+  u.scale = __fdiv_rn(fmaxf(amax, kScaleFloor), kE4M3MaxF);
+  uint32_t q[4];
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const uint32_t lo = e4m3x2(scaled(x[4 * i], u.scale), scaled(x[4 * i + 1], u.scale));
+    const uint32_t hi = e4m3x2(scaled(x[4 * i + 2], u.scale), scaled(x[4 * i + 3], u.scale));
+    q[i] = lo | (hi << 16);
+  }
+  u.codes = make_uint4(q[0], q[1], q[2], q[3]);
+  return u;
+}
+
+// This lane's unit of the pass starting at unit wbase: token t, group g, 16-element chunk c.
+struct UnitPos {
+  uint32_t t, g, c;
+  bool unit_ok, active;
+};
+__device__ __forceinline__ UnitPos unit_position(const QuantGatherParams& p, uint64_t wbase) {
+  const uint32_t groups = uint32_t(p.hidden_dim + 127) / 128u, chunks = uint32_t(p.hidden_dim) / 16u;
+  const uint64_t units = uint64_t(p.tokens) * groups;
+  const int lane = int(threadIdx.x & 31u), sub = lane & (kLanesPerUnit - 1);
+  const uint64_t unit = wbase + uint64_t(lane / kLanesPerUnit);
+  UnitPos u;
+  u.unit_ok = unit < units;
+  u.t = u.unit_ok ? uint32_t(unit / groups) : 0u;
+  u.g = u.unit_ok ? uint32_t(unit - uint64_t(u.t) * groups) : 0u;
+  u.c = u.g * kLanesPerUnit + uint32_t(sub);
+  u.active = u.unit_ok && u.c < chunks;
+  return u;
+}
+
+// Before a PDL wait, in a kernel that is not the first of its chain (so the hidden rows' producer
+// has completed): quantises the caller's first pass, which quant_gather_body then only scatters.
+__device__ __forceinline__ UnitCodes quantize_first_pass(const QuantGatherParams& p, uint64_t warp) {
+  const UnitPos u = unit_position(p, warp * kUnitsPerWarp);
+  return quantize_unit(p, u.t, u.c, u.active);
+}
+
+// Clears the fast combine's fp32 output (flat: rows are contiguous), if asked, with the threads
+// [tid, tid + nth, ...) of the caller's grid.
+__device__ __forceinline__ void clear_output(const QuantGatherParams& p, int64_t tid, int64_t nth) {
+  if (p.zero_out == nullptr) return;
+  const int64_t n = int64_t(p.tokens) * p.zero_cols;
+  const int64_t n4 = n / 4;
+  float4* z4 = reinterpret_cast<float4*>(p.zero_out);
+  for (int64_t i = tid; i < n4; i += nth) z4[i] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+  for (int64_t i = n4 * 4 + tid; i < n; i += nth) p.zero_out[i] = 0.0f;
+}
+
 // The whole stage for the warps [warp, warp + warps, ...) and threads [tid, tid + nth, ...) of the
 // caller's grid (warps and threads counted globally).
 template <class RowOf = RowsFromRouteRow>
 __device__ __forceinline__ void quant_gather_body(const QuantGatherParams& p, uint64_t warp, uint64_t warps, int64_t tid,
-                                                  int64_t nth, const RowOf& row_of = RowOf{}) {
+                                                  int64_t nth, const RowOf& row_of = RowOf{},
+                                                  const UnitCodes* first_pass = nullptr) {
   // Token order (no route_row): token t's codes go to row t alone, as if it had one slot.
   const bool token_order = p.route_row == nullptr;
   const int H = p.hidden_dim, k = token_order ? 1 : p.topk;
   const uint32_t groups = uint32_t(H + 127) / 128u;
-  const uint32_t chunks = uint32_t(H) / 16u;  // 16-element chunks per row
   const uint64_t units = uint64_t(p.tokens) * groups;
   const int lane = int(threadIdx.x & 31u), sub = lane & (kLanesPerUnit - 1);
   const int octet_base = lane & ~(kLanesPerUnit - 1);
@@ -89,54 +172,19 @@ __device__ __forceinline__ void quant_gather_body(const QuantGatherParams& p, ui
   // Warp-uniform trip count (wbase is the same for all 32 lanes), so the full-mask shuffles below
   // always see every lane.
   for (uint64_t wbase = warp * kUnitsPerWarp; wbase < units; wbase += warps * kUnitsPerWarp) {
-    const uint64_t unit = wbase + uint64_t(lane / kLanesPerUnit);
-    const bool unit_ok = unit < units;
-    const uint32_t t = unit_ok ? uint32_t(unit / groups) : 0u;
-    const uint32_t g = unit_ok ? uint32_t(unit - uint64_t(t) * groups) : 0u;
-    const uint32_t c = g * kLanesPerUnit + uint32_t(sub);
-    const bool active = unit_ok && c < chunks;
+    const UnitPos u = unit_position(p, wbase);
+    const bool unit_ok = u.unit_ok, active = u.active;
+    const uint32_t t = u.t, g = u.g, c = u.c;
 
-    // ---- every load of this unit, issued together ----
-    uint4 raw0 = make_uint4(0u, 0u, 0u, 0u), raw1 = raw0;
-    if (active) {
-      const uint4* src = reinterpret_cast<const uint4*>(p.hidden + int64_t(t) * H) + 2 * c;
-      raw0 = __ldcg(src);
-      raw1 = __ldcg(src + 1);
-    }
-    int32_t row_a = -1, row_b = -1;  // slots sub and 8 + sub
+    // ---- every load of this unit, issued together: the route rows (slots sub and 8 + sub) and,
+    // unless the caller quantised this pass already, the hidden values ----
+    int32_t row_a = -1, row_b = -1;
     if (unit_ok && sub < k) row_a = token_order ? int32_t(t) : row_of(p, t, sub);
     if (unit_ok && kLanesPerUnit + sub < k) row_b = row_of(p, t, kLanesPerUnit + sub);
-
-    // ---- amax over the group ----
-    float x[16];
-    const uint32_t w[8] = {raw0.x, raw0.y, raw0.z, raw0.w, raw1.x, raw1.y, raw1.z, raw1.w};
-#pragma unroll
-    for (int i = 0; i < 8; ++i) {
-      x[2 * i] = bf16_lo(w[i]);
-      x[2 * i + 1] = bf16_hi(w[i]);
-    }
-    // A comparison, as in the reference, rather than fmaxf: it skips every NaN whatever its kind
-    // (IEEE maxNum, and glibc's fmaxf, return NaN for a signalling NaN such as bf16 0x7f81).
-    float amax = 0.0f;
-#pragma unroll
-    for (int i = 0; i < 16; ++i) {
-      const float a = fabsf(x[i]);
-      amax = a > amax ? a : amax;
-    }
-    // Octet-wide max (no NaN left): xor offsets 4, 2, 1 stay inside the octet.
-#pragma unroll
-    for (int off = kLanesPerUnit / 2; off > 0; off /= 2) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, off));
-    const float scale = __fdiv_rn(fmaxf(amax, kScaleFloor), kE4M3MaxF);
-
-    // ---- 16 codes ----
-    uint32_t q[4];
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      const uint32_t lo = e4m3x2(scaled(x[4 * i], scale), scaled(x[4 * i + 1], scale));
-      const uint32_t hi = e4m3x2(scaled(x[4 * i + 2], scale), scaled(x[4 * i + 3], scale));
-      q[i] = lo | (hi << 16);
-    }
-    const uint4 codes = make_uint4(q[0], q[1], q[2], q[3]);
+    const bool precomputed = first_pass != nullptr && wbase == warp * kUnitsPerWarp;
+    const UnitCodes q = precomputed ? *first_pass : quantize_unit(p, t, c, active);
+    const float scale = q.scale;
+    const uint4 codes = q.codes;
 
     // ---- scatter to the k sorted rows, 8 slots at a time ----
     for (int j0 = 0; j0 < k; j0 += kLanesPerUnit) {
@@ -159,14 +207,7 @@ __device__ __forceinline__ void quant_gather_body(const QuantGatherParams& p, ui
     }
   }
 
-  // ---- clear the fast combine's fp32 output (flat: rows are contiguous) ----
-  if (p.zero_out != nullptr) {
-    const int64_t n = int64_t(p.tokens) * p.zero_cols;
-    const int64_t n4 = n / 4;
-    float4* z4 = reinterpret_cast<float4*>(p.zero_out);
-    for (int64_t i = tid; i < n4; i += nth) z4[i] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-    for (int64_t i = n4 * 4 + tid; i < n; i += nth) p.zero_out[i] = 0.0f;
-  }
+  clear_output(p, tid, nth);
 }
 
 
