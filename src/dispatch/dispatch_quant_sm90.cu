@@ -51,7 +51,8 @@ struct RowsFromMasks {
 };
 
 template <int kThreads>
-__global__ void __launch_bounds__(kThreads) dispatch_quant_kernel(const DispatchParams dp, const QuantGatherParams qp) {
+__global__ void __launch_bounds__(kThreads)
+    dispatch_quant_kernel(const DispatchParams dp, const QuantGatherParams qp, int quantise_early) {
   constexpr int kWarps = kThreads / 32;
   static_assert(kFusedMaxExperts <= kThreads && kWarps <= kMaxWarps && kThreads % 32 == 0,
                 "offset scan: one expert per thread, one warp of warp sums");
@@ -67,15 +68,22 @@ __global__ void __launch_bounds__(kThreads) dispatch_quant_kernel(const Dispatch
   s.counters = s.warp_base + kMaxWarps;
   for (int i = threadIdx.x; i < E * words; i += kThreads) s.masks[i] = 0u;
   if (threadIdx.x < 2) s.counters[threadIdx.x] = 0;
-  // This kernel follows the routing kernel, which triggers its dependents only after its own PDL
-  // wait: everything before the routing kernel has completed by now. So the hidden rows (not
-  // written by the routing) can be read and quantised before our wait, and the output cleared.
-  const uint64_t global_warp = (uint64_t(blockIdx.x) * kThreads + threadIdx.x) >> 5;
-  const quant_detail::UnitCodes first_pass = quant_detail::quantize_first_pass(qp, global_warp);
+  // quantise_early: the kernel before this one (the routing) triggers its dependents only after its
+  // own PDL wait, so everything before it has completed by now: the hidden rows (which the routing
+  // does not write) are quantised and the output cleared before our wait.
+  // Otherwise only an L2 prefetch of those rows is safe before the wait.
+  const uint64_t first_warp = (uint64_t(blockIdx.x) * kThreads + threadIdx.x) >> 5;
+  quant_detail::UnitCodes first_pass{};
   QuantGatherParams qp_rest = qp;
-  qp_rest.zero_out = nullptr;
-  quant_detail::clear_output(qp, int64_t(blockIdx.x) * kThreads + threadIdx.x, int64_t(gridDim.x) * kThreads);
-  // Everything below reads what the routing kernel wrote.
+  if (quantise_early) {
+    first_pass = quant_detail::quantize_first_pass(qp, first_warp);
+    quant_detail::clear_output(qp, int64_t(blockIdx.x) * kThreads + threadIdx.x, int64_t(gridDim.x) * kThreads);
+    qp_rest.zero_out = nullptr;
+  } else {
+    quant_detail::prefetch_first_units(qp, first_warp);
+  }
+  // Everything below reads what the routing kernel wrote, or writes what the previous run may
+  // still read.
   ptx::pdl_wait();
   ptx::pdl_launch_dependents();
   __syncthreads();
@@ -169,7 +177,8 @@ __global__ void __launch_bounds__(kThreads) dispatch_quant_kernel(const Dispatch
       *dp.status = st;
     }
   }
-  quant_detail::quant_gather_body(qp_rest, uint64_t(tid) >> 5, uint64_t(nth) >> 5, tid, nth, rows, &first_pass);
+  quant_detail::quant_gather_body(qp_rest, uint64_t(tid) >> 5, uint64_t(nth) >> 5, tid, nth, rows,
+                                  quantise_early ? &first_pass : nullptr);
 }
 
 }  // namespace
@@ -181,7 +190,7 @@ bool dispatch_quant_fits(int64_t tokens, int64_t topk, int64_t experts) {
 }
 
 void launch_dispatch_quant(const DispatchParams& dp, const QuantGatherParams& qp, int grid_ctas, cudaStream_t stream,
-                           bool pdl) {
+                           bool pdl, bool after_wait_only_kernel) {
   const std::string who = "dispatch_quant: ";
   if (dp.tokens < 0 || dp.topk <= 0 || dp.experts <= 0) throw Error(who + "bad shape");
   if (dp.tokens == 0) return;
@@ -206,7 +215,7 @@ void launch_dispatch_quant(const DispatchParams& dp, const QuantGatherParams& qp
   // As many CTAs as the quantisation has work for, at most grid_ctas (each builds the layout once).
   const int64_t needed = (quant_gather_threads(qp) + threads - 1) / threads;
   const int grid = int(std::max<int64_t>(1, std::min<int64_t>(needed, grid_ctas)));
-  launch_kernel(kernel, dim3(grid), dim3(threads), smem, stream, pdl, dp, qp);
+  launch_kernel(kernel, dim3(grid), dim3(threads), smem, stream, pdl, dp, qp, after_wait_only_kernel ? 1 : 0);
 }
 
 }  // namespace loom

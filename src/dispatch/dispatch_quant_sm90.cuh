@@ -27,7 +27,11 @@ bool dispatch_quant_fits(int64_t tokens, int64_t topk, int64_t experts);
 // dispatch: as launch_dispatch (ids distinct per token; out-of-range ids are dropped and counted).
 // quant: gathered mode, route_row == dispatch.route_row, padded_rows >= T*k rounded to 4.
 // grid_ctas: CTAs to launch (the SM count: each CTA builds the layout once, then strides).
+// after_wait_only_kernel: true when the kernel launched just before this one in the stream executes
+// its PDL wait before it triggers its dependents (the routing kernels do): everything before that
+// kernel has then completed when this one starts, so the hidden rows (which that kernel does not
+// write) are quantised and the output cleared before this kernel's own wait. False: after it.
 void launch_dispatch_quant(const DispatchParams& dispatch, const QuantGatherParams& quant, int grid_ctas,
-                           cudaStream_t stream, bool pdl);
+                           cudaStream_t stream, bool pdl, bool after_wait_only_kernel);
 
 }  // namespace loom

@@ -1,11 +1,13 @@
 // The fused dispatch + quantise-into-sorted-rows launch writes exactly what the dispatch kernel
 // followed by the gathering quantise kernel write (each checked against its CPU reference by its own
 // tests), for any grid size: offsets, route_row, row_token, row_weight, status, FP8 codes, scales and
-// the cleared output, bit for bit, with dropped ids and NaN flags in the input.
+// the cleared output, bit for bit, with dropped ids and NaN flags in the input, whether the first
+// pass is quantised before or after the kernel's PDL wait.
 #include <gtest/gtest.h>
 
 #include <cstring>
 #include <tuple>
+#include <utility>
 
 #include "bench/device_buffer.hpp"
 #include "common/device_info.hpp"
@@ -28,7 +30,9 @@ struct Outputs {
   LayerStatus status;
 };
 
-Outputs run_once(int grid, const DeviceBuffer& ids, const DeviceBuffer& wts, const DeviceBuffer& flags,
+// grid 0: the two-kernel reference path. early: the fused kernel quantises its first pass and clears
+// the output before its PDL wait (as after the routing kernel; here nothing precedes it).
+Outputs run_once(int grid, bool early, const DeviceBuffer& ids, const DeviceBuffer& wts, const DeviceBuffer& flags,
                  const DeviceBuffer& hidden, int T, int E, int k, int H) {
   const int64_t R = int64_t(T) * k, Rp = padded_rows(R), G = (H + 127) / 128;
   DeviceBuffer off{size_t(E + 1) * 4}, rr{size_t(R) * 4}, rt{size_t(R) * 4}, rw{size_t(R) * 4}, st{sizeof(LayerStatus)},
@@ -60,7 +64,7 @@ Outputs run_once(int grid, const DeviceBuffer& ids, const DeviceBuffer& wts, con
   qp.zero_cols = 48;
   test::Stream stream;
   if (grid > 0) {
-    launch_dispatch_quant(dp, qp, grid, stream.get(), true);
+    launch_dispatch_quant(dp, qp, grid, stream.get(), true, early);
   } else {
     launch_dispatch(dp, stream.get(), true);
     launch_quant_gather(qp, stream.get(), true);
@@ -101,10 +105,10 @@ TEST(DispatchQuantGpu, MatchesDispatchThenQuantiseBitForBit) {
     const std::vector<bf16> hidden = make_hidden(shape, seed + 1);
     const DeviceBuffer did = DeviceBuffer::from(ids), dwt = DeviceBuffer::from(routes.topk.weights),
                        dfl = DeviceBuffer::from(flags), dh = DeviceBuffer::from(hidden);
-    const Outputs want = run_once(0, did, dwt, dfl, dh, T, E, k, H);
-    for (int grid : {1, 3, sms}) {
-      SCOPED_TRACE(testing::Message() << "grid " << grid);
-      const Outputs got = run_once(grid, did, dwt, dfl, dh, T, E, k, H);
+    const Outputs want = run_once(0, false, did, dwt, dfl, dh, T, E, k, H);
+    for (const auto& [grid, early] : {std::pair{1, false}, std::pair{3, true}, std::pair{sms, false}, std::pair{sms, true}}) {
+      SCOPED_TRACE(testing::Message() << "grid " << grid << (early ? ", quantised before the wait" : ""));
+      const Outputs got = run_once(grid, early, did, dwt, dfl, dh, T, E, k, H);
       const int rows = want.offsets.back();
       EXPECT_EQ(got.offsets, want.offsets);
       EXPECT_EQ(got.route_row, want.route_row);
