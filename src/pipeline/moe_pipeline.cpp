@@ -232,8 +232,8 @@ void run_stages(const Plan& p, const Weights& w, const Inputs& in, void* output,
   if (!quant_rides_with_route && !sorted && do_quant) launch_quant_gather(qp, stream, pdl);
   if (!fused && do_dispatch) {
     if (chain.dispatch_with_quant)
-      // The routing kernel launched just before (do_route) waits before it triggers us.
-      launch_dispatch_quant(dp, qp, p.sm_count, stream, pdl, from_logits && do_route && !fused);
+      // With do_route, the routing kernel was launched just before: it waits before it triggers us.
+      launch_dispatch_quant(dp, qp, p.sm_count, stream, pdl, do_route);
     else if (p.options.fuse_small_batch && dispatch_small_fits(T, k, E))
       launch_dispatch_small(dp, stream, pdl);
     else
