@@ -62,10 +62,14 @@ __device__ __forceinline__ void route_dispatch_by_token_masks(const RouteTopkPar
   // CTA 0's tables are cleared, and every CTA of the cluster runs (distributed shared memory may be
   // accessed only then).
   cg::cluster_group cluster = cg::this_cluster();
-  if (route_ctas > 1)
-    cluster.sync();
-  else
-    __syncthreads();
+  // The routing CTAs' barrier: the cluster's when several route, else the CTA's.
+  auto sync_routing_ctas = [&] {
+    if (route_ctas > 1)
+      cluster.sync();
+    else
+      __syncthreads();
+  };
+  sync_routing_ctas();
   // Lane j < k of the token's warp then holds slot j in registers. CTA 0's tables are mapped after
   // the routing, which needs every register it can get.
   if (token < rp.tokens) {
@@ -87,10 +91,7 @@ __device__ __forceinline__ void route_dispatch_by_token_masks(const RouteTopkPar
     }
   }
   // Every routed bit, id and weight is in CTA 0 (the barrier orders the remote writes before it).
-  if (route_ctas > 1)
-    cluster.sync();
-  else
-    __syncthreads();
+  sync_routing_ctas();
   if (rank != 0) return;
 
   // Offsets: exclusive scan of the popcounts, thread e = expert e (E <= 512 <= kThreads).

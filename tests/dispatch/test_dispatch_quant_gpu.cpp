@@ -15,6 +15,7 @@
 #include "dispatch/dispatch_quant_sm90.cuh"
 #include "gpu_test.hpp"
 #include "pipeline/device_layout.hpp"
+#include "stage_buffers.hpp"
 #include "test_seed.hpp"
 #include "workload/workload.hpp"
 
@@ -34,34 +35,10 @@ struct Outputs {
 // the output before its PDL wait (as after the routing kernel; here nothing precedes it).
 Outputs run_once(int grid, bool early, const DeviceBuffer& ids, const DeviceBuffer& wts, const DeviceBuffer& flags,
                  const DeviceBuffer& hidden, int T, int E, int k, int H) {
-  const int64_t R = int64_t(T) * k, Rp = padded_rows(R), G = (H + 127) / 128;
-  DeviceBuffer off{size_t(E + 1) * 4}, rr{size_t(R) * 4}, rt{size_t(R) * 4}, rw{size_t(R) * 4}, st{sizeof(LayerStatus)},
-      codes{size_t(Rp * H)}, scales{size_t(G * Rp) * 4}, zero{size_t(T) * 48 * 4};
-  for (DeviceBuffer* b : {&off, &rr, &rt, &rw, &st, &codes, &scales, &zero})
-    LOOM_CUDA_CHECK(cudaMemset(b->get(), 0x7f, b->bytes()));
-  DispatchParams dp;
-  dp.topk_ids = ids.as<int32_t>();
-  dp.topk_weights = wts.as<float>();
-  dp.nan_flags = flags.as<uint8_t>();
-  dp.tokens = T;
-  dp.topk = k;
-  dp.experts = E;
-  dp.offsets = off.as<int32_t>();
-  dp.route_row = rr.as<int32_t>();
-  dp.row_token = rt.as<int32_t>();
-  dp.row_weight = rw.as<float>();
-  dp.status = st.as<LayerStatus>();
-  QuantGatherParams qp;
-  qp.hidden = hidden.as<uint16_t>();
-  qp.route_row = dp.route_row;
-  qp.tokens = T;
-  qp.hidden_dim = H;
-  qp.topk = k;
-  qp.padded_rows = Rp;
-  qp.a_sorted = codes.as<uint8_t>();
-  qp.a_scales = scales.as<float>();
-  qp.zero_out = zero.as<float>();
-  qp.zero_cols = 48;
+  test::DispatchOutputs d(T, k, E, 0x7f);
+  test::QuantOutputs q(padded_rows(int64_t(T) * k), H, T, 48, 0x7f);
+  const DispatchParams dp = d.params(ids.as<int32_t>(), wts.as<float>(), flags.as<uint8_t>());
+  const QuantGatherParams qp = q.params(hidden.as<uint16_t>(), dp.route_row, T, H, k);
   test::Stream stream;
   if (grid > 0) {
     launch_dispatch_quant(dp, qp, grid, stream.get(), true, early);
@@ -72,14 +49,14 @@ Outputs run_once(int grid, bool early, const DeviceBuffer& ids, const DeviceBuff
   LOOM_CUDA_CHECK(cudaGetLastError());
   stream.sync();
   Outputs o;
-  o.offsets = off.to_host<int32_t>();
-  o.route_row = rr.to_host<int32_t>();
-  o.row_token = rt.to_host<int32_t>();
-  o.row_weight = rw.to_host<uint32_t>();
-  o.scales = scales.to_host<uint32_t>();
-  o.zeroed = zero.to_host<uint32_t>();
-  o.codes = codes.to_host<uint8_t>();
-  const std::vector<uint8_t> sb = st.to_host<uint8_t>();
+  o.offsets = d.offsets.to_host<int32_t>();
+  o.route_row = d.route_row.to_host<int32_t>();
+  o.row_token = d.row_token.to_host<int32_t>();
+  o.row_weight = d.row_weight.to_host<uint32_t>();
+  o.scales = q.scales.to_host<uint32_t>();
+  o.zeroed = q.zero.to_host<uint32_t>();
+  o.codes = q.codes.to_host<uint8_t>();
+  const std::vector<uint8_t> sb = d.status.to_host<uint8_t>();
   std::memcpy(&o.status, sb.data(), sizeof o.status);
   return o;
 }

@@ -13,6 +13,7 @@
 #include "dispatch/route_dispatch_small_sm90.cuh"
 #include "gpu_test.hpp"
 #include "route/route_ref.hpp"
+#include "stage_buffers.hpp"
 #include "test_seed.hpp"
 
 namespace loom {
@@ -31,14 +32,13 @@ enum class Path { fused, route_then_small_dispatch, route_then_dispatch };
 
 // The routing and dispatch outputs of one batch, poisoned, and the parameters that point at them.
 struct Buffers {
-  DeviceBuffer ids, wts, flags, off, rr, rt, rw, st;
+  DeviceBuffer ids, wts, flags;
+  test::DispatchOutputs out;
   RouteTopkParams rp;
   DispatchParams dp;
   Buffers(const float* logits, int T, int E, int k, const Routing& routing)
-      : ids(size_t(T * k) * 4), wts(size_t(T * k) * 4), flags(static_cast<size_t>(T)), off(size_t(E + 1) * 4),
-        rr(size_t(T * k) * 4), rt(size_t(T * k) * 4), rw(size_t(T * k) * 4), st(sizeof(LayerStatus)) {
-    for (DeviceBuffer* b : {&ids, &wts, &flags, &off, &rr, &rt, &rw, &st})
-      LOOM_CUDA_CHECK(cudaMemset(b->get(), 0xab, b->bytes()));
+      : ids(size_t(T * k) * 4), wts(size_t(T * k) * 4), flags(static_cast<size_t>(T)), out(T, k, E, 0xab) {
+    test::poison({&ids, &wts, &flags}, 0xab);
     rp.logits = logits;
     rp.topk_ids = ids.as<int32_t>();
     rp.topk_weights = wts.as<float>();
@@ -47,17 +47,7 @@ struct Buffers {
     rp.experts = E;
     rp.topk = k;
     rp.routing = routing;
-    dp.topk_ids = rp.topk_ids;
-    dp.topk_weights = rp.topk_weights;
-    dp.nan_flags = rp.nan_flags;
-    dp.tokens = T;
-    dp.topk = k;
-    dp.experts = E;
-    dp.offsets = off.as<int32_t>();
-    dp.route_row = rr.as<int32_t>();
-    dp.row_token = rt.as<int32_t>();
-    dp.row_weight = rw.as<float>();
-    dp.status = st.as<LayerStatus>();
+    dp = out.params(rp.topk_ids, rp.topk_weights, rp.nan_flags);
   }
 };
 
@@ -80,11 +70,11 @@ Outputs run(Path path, const std::vector<float>& logits, int T, int E, int k, co
   o.ids = b.ids.to_host<int32_t>();
   o.weights = b.wts.to_host<float>();
   o.flags = b.flags.to_host<uint8_t>();
-  o.offsets = b.off.to_host<int32_t>();
-  o.route_row = b.rr.to_host<int32_t>();
-  o.row_token = b.rt.to_host<int32_t>();
-  o.row_weight = b.rw.to_host<float>();
-  LOOM_CUDA_CHECK(cudaMemcpy(&o.status, b.st.get(), sizeof o.status, cudaMemcpyDeviceToHost));
+  o.offsets = b.out.offsets.to_host<int32_t>();
+  o.route_row = b.out.route_row.to_host<int32_t>();
+  o.row_token = b.out.row_token.to_host<int32_t>();
+  o.row_weight = b.out.row_weight.to_host<float>();
+  LOOM_CUDA_CHECK(cudaMemcpy(&o.status, b.out.status.get(), sizeof o.status, cudaMemcpyDeviceToHost));
   return o;
 }
 
@@ -147,7 +137,7 @@ TEST(RouteDispatchSmallGpu, FusedQuantiseMatchesTheQuantiseKernelBitForBit) {
   for (const auto& [T, E, k, H] :
        {std::tuple{1, 256, 8, 2048}, std::tuple{32, 64, 16, 7168}, std::tuple{17, 8, 2, 192}, std::tuple{8, 256, 8, 8192}}) {
     SCOPED_TRACE(testing::Message() << "T=" << T << " E=" << E << " k=" << k << " H=" << H);
-    const int64_t Tp = (T + 3) / 4 * 4, G = (H + 127) / 128;
+    const int64_t Tp = (T + 3) / 4 * 4;
     std::vector<float> logits(static_cast<size_t>(T) * E);
     for (auto& x : logits) x = float(rng.normal());
     std::vector<uint16_t> hidden(static_cast<size_t>(T) * H);
@@ -161,19 +151,8 @@ TEST(RouteDispatchSmallGpu, FusedQuantiseMatchesTheQuantiseKernelBitForBit) {
       Buffers buf(dl.as<float>(), T, E, k, Routing{});
       RouteTopkParams& rp = buf.rp;
       DispatchParams& dp = buf.dp;
-      DeviceBuffer a(size_t(Tp * H)), as(size_t(G * Tp) * 4), z(size_t(T) * 64 * 4);
-      for (DeviceBuffer* b : {&a, &as, &z}) LOOM_CUDA_CHECK(cudaMemset(b->get(), 0x7f, b->bytes()));
-      QuantGatherParams qp;
-      qp.hidden = dh.as<uint16_t>();
-      qp.route_row = nullptr;
-      qp.tokens = T;
-      qp.hidden_dim = H;
-      qp.topk = k;
-      qp.padded_rows = Tp;
-      qp.a_sorted = a.as<uint8_t>();
-      qp.a_scales = as.as<float>();
-      qp.zero_out = z.as<float>();
-      qp.zero_cols = 64;
+      test::QuantOutputs q(Tp, H, T, 64, 0x7f);
+      const QuantGatherParams qp = q.params(dh.as<uint16_t>(), nullptr, T, H, k);
       if (fused) {
         launch_route_dispatch_small(rp, dp, &qp, nullptr, true);
       } else {
@@ -182,10 +161,10 @@ TEST(RouteDispatchSmallGpu, FusedQuantiseMatchesTheQuantiseKernelBitForBit) {
         launch_quant_gather(qp, nullptr, true);
       }
       LOOM_CUDA_CHECK(cudaDeviceSynchronize());
-      codes.push_back(a.to_host<uint8_t>());
-      scales.push_back(as.to_host<float>());
-      zeroed.push_back(z.to_host<float>());
-      rows.push_back(buf.rr.to_host<int32_t>());
+      codes.push_back(q.codes.to_host<uint8_t>());
+      scales.push_back(q.scales.to_host<float>());
+      zeroed.push_back(q.zero.to_host<float>());
+      rows.push_back(buf.out.route_row.to_host<int32_t>());
     }
     EXPECT_EQ(rows[0], rows[1]);
     EXPECT_EQ(codes[0], codes[1]);
@@ -230,32 +209,21 @@ TEST(RouteDispatchSmallGpu, DispatchAloneMatchesReferenceWithBadIdsAndFlags) {
     if (R > 5) ids[5] = E;
     for (auto& f : flags) f = rng.below(4) == 0;
     DeviceBuffer di = DeviceBuffer::from(ids), dw = DeviceBuffer::from(w), df = DeviceBuffer::from(flags);
-    DeviceBuffer off(size_t(E + 1) * 4), rr(size_t(R) * 4), rt(size_t(R) * 4), rw(size_t(R) * 4), st(sizeof(LayerStatus));
-    DispatchParams dp;
-    dp.topk_ids = di.as<int32_t>();
-    dp.topk_weights = dw.as<float>();
-    dp.nan_flags = df.as<uint8_t>();
-    dp.tokens = T;
-    dp.topk = k;
-    dp.experts = E;
-    dp.offsets = off.as<int32_t>();
-    dp.route_row = rr.as<int32_t>();
-    dp.row_token = rt.as<int32_t>();
-    dp.row_weight = rw.as<float>();
-    dp.status = st.as<LayerStatus>();
+    test::DispatchOutputs out(T, k, E, 0xab);
+    const DispatchParams dp = out.params(di.as<int32_t>(), dw.as<float>(), df.as<uint8_t>());
     launch_dispatch_small(dp, nullptr, true);
     LOOM_CUDA_CHECK(cudaDeviceSynchronize());
     const Dispatch d = dispatch_ref(ids.data(), T, k, E);
-    EXPECT_EQ(off.to_host<int32_t>(), d.offsets);
-    EXPECT_EQ(rr.to_host<int32_t>(), d.route_row);
-    const std::vector<int32_t> tok = rt.to_host<int32_t>();
-    const std::vector<float> wt = rw.to_host<float>();
+    EXPECT_EQ(out.offsets.to_host<int32_t>(), d.offsets);
+    EXPECT_EQ(out.route_row.to_host<int32_t>(), d.route_row);
+    const std::vector<int32_t> tok = out.row_token.to_host<int32_t>();
+    const std::vector<float> wt = out.row_weight.to_host<float>();
     for (int row = 0; row < d.offsets.back(); ++row) {
       ASSERT_EQ(tok[size_t(row)], d.row_route[size_t(row)] / k);
       ASSERT_EQ(wt[size_t(row)], w[size_t(d.row_route[size_t(row)])]);
     }
     LayerStatus s;
-    LOOM_CUDA_CHECK(cudaMemcpy(&s, st.get(), sizeof s, cudaMemcpyDeviceToHost));
+    LOOM_CUDA_CHECK(cudaMemcpy(&s, out.status.get(), sizeof s, cudaMemcpyDeviceToHost));
     EXPECT_EQ(s.dropped_routes, uint32_t(d.dropped));
     EXPECT_EQ(s.nan_tokens, uint32_t(std::count(flags.begin(), flags.end(), 1)));
   }

@@ -11,6 +11,7 @@
 #include "gpu_test.hpp"
 #include "pipeline/device_layout.hpp"
 #include "route/route_quant_sm90.cuh"
+#include "stage_buffers.hpp"
 #include "test_seed.hpp"
 
 namespace loom {
@@ -33,10 +34,10 @@ std::vector<uint8_t> bytes_of(const DeviceBuffer& b) {
 
 Result run_once(bool fused, const DeviceBuffer& logits, const DeviceBuffer& hidden, int T, int E, int k, int H,
                 const Routing& routing, int zero_cols) {
-  const int64_t Tp = padded_rows(T), G = (H + 127) / 128;
-  DeviceBuffer ids{size_t(T) * k * 4}, wts{size_t(T) * k * 4}, flags{static_cast<size_t>(T)}, codes{size_t(Tp * H)},
-      scales{size_t(G * Tp) * 4}, zero{size_t(T) * zero_cols * 4};
-  for (DeviceBuffer* b : {&ids, &wts, &flags, &codes, &scales, &zero}) LOOM_CUDA_CHECK(cudaMemset(b->get(), 0x7f, b->bytes()));
+  const int64_t Tp = padded_rows(T);
+  DeviceBuffer ids{size_t(T) * k * 4}, wts{size_t(T) * k * 4}, flags{static_cast<size_t>(T)};
+  test::poison({&ids, &wts, &flags}, 0x7f);
+  test::QuantOutputs q(Tp, H, T, zero_cols, 0x7f);
   RouteTopkParams rp;
   rp.logits = logits.as<float>();
   rp.topk_ids = ids.as<int32_t>();
@@ -46,16 +47,7 @@ Result run_once(bool fused, const DeviceBuffer& logits, const DeviceBuffer& hidd
   rp.experts = E;
   rp.topk = k;
   rp.routing = routing;
-  QuantGatherParams qp;
-  qp.hidden = hidden.as<uint16_t>();
-  qp.tokens = T;
-  qp.hidden_dim = H;
-  qp.topk = k;
-  qp.padded_rows = Tp;
-  qp.a_sorted = codes.as<uint8_t>();
-  qp.a_scales = scales.as<float>();
-  qp.zero_out = zero.as<float>();
-  qp.zero_cols = zero_cols;
+  const QuantGatherParams qp = q.params(hidden.as<uint16_t>(), nullptr, T, H, k);
   Stream stream;
   if (fused) {
     launch_route_quant(rp, qp, stream.get(), true);
@@ -65,8 +57,8 @@ Result run_once(bool fused, const DeviceBuffer& logits, const DeviceBuffer& hidd
   }
   LOOM_CUDA_CHECK(cudaGetLastError());
   stream.sync();
-  return Result{bytes_of<int32_t>(ids), bytes_of<float>(wts), bytes_of<uint8_t>(flags), bytes_of<uint8_t>(codes),
-                bytes_of<float>(scales), bytes_of<float>(zero)};
+  return Result{bytes_of<int32_t>(ids),     bytes_of<float>(wts),      bytes_of<uint8_t>(flags),
+                bytes_of<uint8_t>(q.codes), bytes_of<float>(q.scales), bytes_of<float>(q.zero)};
 }
 
 TEST(RouteQuantGpu, MatchesRouteThenTokenOrderQuantiseBitForBit) {

@@ -1,0 +1,87 @@
+// GPU tests: device buffers for the outputs of the dispatch and quantise stages of one batch,
+// poisoned, and the stage parameters that point at them.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <initializer_list>
+
+#include "bench/device_buffer.hpp"
+#include "common/cuda_check.hpp"
+#include "dispatch/dispatch_sm90.cuh"
+#include "loom/types.hpp"
+#include "quant/quant_gather_sm90.cuh"
+
+namespace loom::test {
+
+inline void poison(std::initializer_list<bench::DeviceBuffer*> buffers, int byte) {
+  for (bench::DeviceBuffer* b : buffers) LOOM_CUDA_CHECK(cudaMemset(b->get(), byte, b->bytes()));
+}
+
+// The dispatch outputs of T tokens x k slots over E experts, every byte set to `byte`.
+struct DispatchOutputs {
+  bench::DeviceBuffer offsets, route_row, row_token, row_weight, status;
+  int tokens, topk, experts;
+  DispatchOutputs(int T, int k, int E, int byte)
+      : offsets(size_t(E + 1) * 4),
+        route_row(size_t(T) * size_t(k) * 4),
+        row_token(size_t(T) * size_t(k) * 4),
+        row_weight(size_t(T) * size_t(k) * 4),
+        status(sizeof(LayerStatus)),
+        tokens(T),
+        topk(k),
+        experts(E) {
+    poison({&offsets, &route_row, &row_token, &row_weight, &status}, byte);
+  }
+  // The dispatch of these top-k ids and weights (and NaN flags, or null) into these buffers.
+  DispatchParams params(const int32_t* ids, const float* weights, const uint8_t* nan_flags) {
+    DispatchParams p;
+    p.topk_ids = ids;
+    p.topk_weights = weights;
+    p.nan_flags = nan_flags;
+    p.tokens = tokens;
+    p.topk = topk;
+    p.experts = experts;
+    p.offsets = offsets.as<int32_t>();
+    p.route_row = route_row.as<int32_t>();
+    p.row_token = row_token.as<int32_t>();
+    p.row_weight = row_weight.as<float>();
+    p.status = status.as<LayerStatus>();
+    return p;
+  }
+};
+
+// The quantise outputs: `rows` rows of H codes, their scales ([ceil(H/128)][rows]) and a T x
+// zero_cols fp32 output to clear, every byte set to `byte`.
+struct QuantOutputs {
+  bench::DeviceBuffer codes, scales, zero;
+  int64_t rows;
+  int zero_cols;
+  QuantOutputs(int64_t rows_, int H, int T, int zero_cols_, int byte)
+      : codes(size_t(rows_) * size_t(H)),
+        scales(size_t((H + 127) / 128) * size_t(rows_) * 4),
+        zero(size_t(T) * size_t(zero_cols_) * 4),
+        rows(rows_),
+        zero_cols(zero_cols_) {
+    poison({&codes, &scales, &zero}, byte);
+  }
+  // Quantising T tokens of H bf16 values into these buffers: by route_row into sorted rows, or in
+  // token order (route_row null).
+  QuantGatherParams params(const uint16_t* hidden, const int32_t* route_row, int T, int H, int k) {
+    QuantGatherParams p;
+    p.hidden = hidden;
+    p.route_row = route_row;
+    p.tokens = T;
+    p.hidden_dim = H;
+    p.topk = k;
+    p.padded_rows = rows;
+    p.a_sorted = codes.as<uint8_t>();
+    p.a_scales = scales.as<float>();
+    p.zero_out = zero.as<float>();
+    p.zero_cols = zero_cols;
+    return p;
+  }
+};
+
+}  // namespace loom::test
