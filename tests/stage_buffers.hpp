@@ -1,5 +1,5 @@
-// GPU tests: device buffers for the outputs of the dispatch and quantise stages of one batch,
-// poisoned, and the stage parameters that point at them.
+// GPU tests: device buffers for the outputs of the routing, dispatch and quantise stages of one
+// batch, poisoned, and the stage parameters that point at them.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -12,12 +12,35 @@
 #include "dispatch/dispatch_sm90.cuh"
 #include "loom/types.hpp"
 #include "quant/quant_gather_sm90.cuh"
+#include "route/route_topk_sm90.cuh"
 
 namespace loom::test {
 
 inline void poison(std::initializer_list<bench::DeviceBuffer*> buffers, int byte) {
   for (bench::DeviceBuffer* b : buffers) LOOM_CUDA_CHECK(cudaMemset(b->get(), byte, b->bytes()));
 }
+
+// The routing outputs of T tokens x k slots (ids, weights, NaN flags), every byte set to `byte`.
+struct RouteOutputs {
+  bench::DeviceBuffer ids, weights, flags;
+  RouteOutputs(int T, int k, int byte)
+      : ids(size_t(T) * size_t(k) * 4), weights(size_t(T) * size_t(k) * 4), flags(static_cast<size_t>(T)) {
+    poison({&ids, &weights, &flags}, byte);
+  }
+  // Routing T tokens' logits over E experts into these buffers.
+  RouteTopkParams params(const float* logits, int T, int E, int k, const Routing& routing) {
+    RouteTopkParams p;
+    p.logits = logits;
+    p.topk_ids = ids.as<int32_t>();
+    p.topk_weights = weights.as<float>();
+    p.nan_flags = flags.as<uint8_t>();
+    p.tokens = T;
+    p.experts = E;
+    p.topk = k;
+    p.routing = routing;
+    return p;
+  }
+};
 
 // The dispatch outputs of T tokens x k slots over E experts, every byte set to `byte`.
 struct DispatchOutputs {

@@ -32,21 +32,13 @@ enum class Path { fused, route_then_small_dispatch, route_then_dispatch };
 
 // The routing and dispatch outputs of one batch, poisoned, and the parameters that point at them.
 struct Buffers {
-  DeviceBuffer ids, wts, flags;
+  test::RouteOutputs routed;
   test::DispatchOutputs out;
   RouteTopkParams rp;
   DispatchParams dp;
   Buffers(const float* logits, int T, int E, int k, const Routing& routing)
-      : ids(size_t(T * k) * 4), wts(size_t(T * k) * 4), flags(static_cast<size_t>(T)), out(T, k, E, 0xab) {
-    test::poison({&ids, &wts, &flags}, 0xab);
-    rp.logits = logits;
-    rp.topk_ids = ids.as<int32_t>();
-    rp.topk_weights = wts.as<float>();
-    rp.nan_flags = flags.as<uint8_t>();
-    rp.tokens = T;
-    rp.experts = E;
-    rp.topk = k;
-    rp.routing = routing;
+      : routed(T, k, 0xab), out(T, k, E, 0xab) {
+    rp = routed.params(logits, T, E, k, routing);
     dp = out.params(rp.topk_ids, rp.topk_weights, rp.nan_flags);
   }
 };
@@ -67,9 +59,9 @@ Outputs run(Path path, const std::vector<float>& logits, int T, int E, int k, co
   }
   LOOM_CUDA_CHECK(cudaDeviceSynchronize());
   Outputs o;
-  o.ids = b.ids.to_host<int32_t>();
-  o.weights = b.wts.to_host<float>();
-  o.flags = b.flags.to_host<uint8_t>();
+  o.ids = b.routed.ids.to_host<int32_t>();
+  o.weights = b.routed.weights.to_host<float>();
+  o.flags = b.routed.flags.to_host<uint8_t>();
   o.offsets = b.out.offsets.to_host<int32_t>();
   o.route_row = b.out.route_row.to_host<int32_t>();
   o.row_token = b.out.row_token.to_host<int32_t>();

@@ -35,18 +35,9 @@ std::vector<uint8_t> bytes_of(const DeviceBuffer& b) {
 Result run_once(bool fused, const DeviceBuffer& logits, const DeviceBuffer& hidden, int T, int E, int k, int H,
                 const Routing& routing, int zero_cols) {
   const int64_t Tp = padded_rows(T);
-  DeviceBuffer ids{size_t(T) * k * 4}, wts{size_t(T) * k * 4}, flags{static_cast<size_t>(T)};
-  test::poison({&ids, &wts, &flags}, 0x7f);
+  test::RouteOutputs r(T, k, 0x7f);
   test::QuantOutputs q(Tp, H, T, zero_cols, 0x7f);
-  RouteTopkParams rp;
-  rp.logits = logits.as<float>();
-  rp.topk_ids = ids.as<int32_t>();
-  rp.topk_weights = wts.as<float>();
-  rp.nan_flags = flags.as<uint8_t>();
-  rp.tokens = T;
-  rp.experts = E;
-  rp.topk = k;
-  rp.routing = routing;
+  const RouteTopkParams rp = r.params(logits.as<float>(), T, E, k, routing);
   const QuantGatherParams qp = q.params(hidden.as<uint16_t>(), nullptr, T, H, k);
   Stream stream;
   if (fused) {
@@ -57,7 +48,7 @@ Result run_once(bool fused, const DeviceBuffer& logits, const DeviceBuffer& hidd
   }
   LOOM_CUDA_CHECK(cudaGetLastError());
   stream.sync();
-  return Result{bytes_of<int32_t>(ids),     bytes_of<float>(wts),      bytes_of<uint8_t>(flags),
+  return Result{bytes_of<int32_t>(r.ids),   bytes_of<float>(r.weights), bytes_of<uint8_t>(r.flags),
                 bytes_of<uint8_t>(q.codes), bytes_of<float>(q.scales), bytes_of<float>(q.zero)};
 }
 
