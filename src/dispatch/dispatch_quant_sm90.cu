@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <string>
 
+#include "common/chain_trace.cuh"
 #include "common/cuda_check.hpp"
 #include "common/launch.hpp"
 #include "ptx/pdl.cuh"
@@ -66,6 +67,7 @@ __global__ void __launch_bounds__(kThreads)
   s.offsets = s.prefix + size_t(E) * words;
   s.warp_base = s.offsets + E + 1;
   s.counters = s.warp_base + kMaxWarps;
+  if (threadIdx.x == 0) LOOM_TRACE(kDqStart);
   for (int i = threadIdx.x; i < E * words; i += kThreads) s.masks[i] = 0u;
   if (threadIdx.x < 2) s.counters[threadIdx.x] = 0;
   // quantise_early: the kernel before this one (the routing) triggers its dependents only after its
@@ -79,6 +81,7 @@ __global__ void __launch_bounds__(kThreads)
     first_pass = quant_detail::quantize_first_pass(qp, first_warp);
     quant_detail::clear_output(qp, int64_t(blockIdx.x) * kThreads + threadIdx.x, int64_t(gridDim.x) * kThreads);
     qp_rest.zero_out = nullptr;
+    if (threadIdx.x == 0) LOOM_TRACE(kDqEarlyDone);
   } else {
     quant_detail::prefetch_first_units(qp, first_warp);
   }
@@ -86,6 +89,7 @@ __global__ void __launch_bounds__(kThreads)
   // still read.
   ptx::pdl_wait();
   ptx::pdl_launch_dependents();
+  if (threadIdx.x == 0) LOOM_TRACE(kDqWaited);
   __syncthreads();
 
   const bool writer = blockIdx.x == 0;
@@ -119,6 +123,7 @@ __global__ void __launch_bounds__(kThreads)
     }
   }
   __syncthreads();
+  if (threadIdx.x == 0) LOOM_TRACE(kDqCounted);
 
   // Per expert (thread e): prefix popcounts over its words and its row count; then the exclusive
   // scan of the counts over experts.
@@ -154,6 +159,7 @@ __global__ void __launch_bounds__(kThreads)
     if (int(threadIdx.x) == E - 1) s.offsets[E] = offset + count;
   }
   __syncthreads();
+  if (threadIdx.x == 0) LOOM_TRACE(kDqLayout);
 
   // Every CTA holds the whole layout: the dispatch outputs are written by the grid, each route once.
   const RowsFromMasks rows{s.masks, s.prefix, s.offsets, dp.topk_ids, E, words};
@@ -177,8 +183,10 @@ __global__ void __launch_bounds__(kThreads)
       *dp.status = st;
     }
   }
+  if (threadIdx.x == 0) LOOM_TRACE(kDqScattered);
   quant_detail::quant_gather_body(qp_rest, uint64_t(tid) >> 5, uint64_t(nth) >> 5, tid, nth, rows,
                                   quantise_early ? &first_pass : nullptr);
+  if (threadIdx.x == 0) LOOM_TRACE(kDqEnd);
 }
 
 }  // namespace

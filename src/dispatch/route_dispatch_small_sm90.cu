@@ -4,6 +4,7 @@
 
 #include <string>
 
+#include "common/chain_trace.cuh"
 #include "common/cuda_check.hpp"
 #include "common/launch.hpp"
 #include "ptx/pdl.cuh"
@@ -59,6 +60,7 @@ __device__ __forceinline__ void route_dispatch_by_token_masks(const RouteTopkPar
   // Everything below reads or writes memory the previous kernels of the chain may own.
   ptx::pdl_wait();
   ptx::pdl_launch_dependents();
+  if (threadIdx.x == 0) LOOM_TRACE(kSmallWaited);
   // CTA 0's tables are cleared, and every CTA of the cluster runs (distributed shared memory may be
   // accessed only then).
   cg::cluster_group cluster = cg::this_cluster();
@@ -93,6 +95,7 @@ __device__ __forceinline__ void route_dispatch_by_token_masks(const RouteTopkPar
   // Every routed bit, id and weight is in CTA 0 (the barrier orders the remote writes before it).
   sync_routing_ctas();
   if (rank != 0) return;
+  if (threadIdx.x == 0) LOOM_TRACE(kSmallRouted);
 
   // Offsets: exclusive scan of the popcounts, thread e = expert e (E <= 512 <= kThreads).
   const int count = int(threadIdx.x) < E ? __popc(masks[threadIdx.x]) : 0;
@@ -122,6 +125,7 @@ __device__ __forceinline__ void route_dispatch_by_token_masks(const RouteTopkPar
     if (int(threadIdx.x) == E - 1) dp.offsets[E] = offset + count;
   }
   __syncthreads();
+  if (threadIdx.x == 0) LOOM_TRACE(kSmallLayout);
 
   for (int route = threadIdx.x; route < rp.tokens * k; route += kThreads) {
     const int t = route / k;
@@ -140,6 +144,7 @@ __device__ __forceinline__ void route_dispatch_by_token_masks(const RouteTopkPar
     st.nan_tokens = uint32_t(counters[0]);
     st.dropped_routes = uint32_t(counters[1]);
     *dp.status = st;
+    LOOM_TRACE(kSmallRouteEnd);
   }
 }
 
@@ -152,6 +157,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     route_dispatch_small_kernel(const RouteTopkParams rp, const DispatchParams dp, const QuantGatherParams qp,
                                 int route_ctas) {
   extern __shared__ int32_t smem[];
+  if (threadIdx.x == 0) LOOM_TRACE(kSmallStart);
   if (int(blockIdx.x) >= route_ctas) {
     const int64_t tid = int64_t(int(blockIdx.x) - route_ctas) * kThreads + threadIdx.x,
                   nth = int64_t(int(gridDim.x) - route_ctas) * kThreads;
@@ -159,7 +165,9 @@ __global__ void __launch_bounds__(kThreads, 1)
     // The quantised rows and the output cleared here may still be read by the previous run.
     ptx::pdl_wait();
     ptx::pdl_launch_dependents();
+    if (threadIdx.x == 0) LOOM_TRACE(kSmallWaited);
     quant_detail::quant_gather_body(qp, uint64_t(tid) >> 5, uint64_t(nth) >> 5, tid, nth);
+    if (threadIdx.x == 0) LOOM_TRACE(kSmallQuantEnd);
     return;
   }
   if constexpr (kRoute) {

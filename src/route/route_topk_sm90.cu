@@ -29,6 +29,7 @@
 
 #include <string>
 
+#include "common/chain_trace.cuh"
 #include "common/launch.hpp"
 #include "ptx/pdl.cuh"
 #include "route/route_topk_device.cuh"
@@ -46,14 +47,17 @@ template <int V, bool kSigmoid>
 __global__ void __launch_bounds__(kThreads) route_topk_kernel(const RouteTopkParams p) {
   const int lane = int(threadIdx.x) & 31, warp = int(threadIdx.x) >> 5;
   const int64_t token = int64_t(blockIdx.x) * kWarpsPerCta + warp;
+  if (threadIdx.x == 0) LOOM_TRACE(kRouteStart);
   if (token < p.tokens) route_detail::prefetch_token_logits(p, token, lane);
   // Everything below reads or writes memory the previous kernels of the chain may own.
   ptx::pdl_wait();
   ptx::pdl_launch_dependents();
+  if (threadIdx.x == 0) LOOM_TRACE(kRouteWaited);
   if (token >= p.tokens) return;  // warp-uniform
   int32_t id;
   float weight;
   route_one_token<V, kSigmoid, kWarpsPerCta>(p, token, lane, warp, id, weight);
+  if (threadIdx.x == 0) LOOM_TRACE(kRouteEnd);
 }
 
 template <bool kSigmoid>

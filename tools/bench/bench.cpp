@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdio>
+#include <functional>
 #include <memory>
 #include <ostream>
 
@@ -9,6 +11,7 @@
 #include "bench/sol_gemm.hpp"
 #include "bench/sol_read.hpp"
 #include "common/build_info.hpp"
+#include "common/chain_trace.cuh"
 #include "common/device_info.hpp"
 #include "pipeline/layer_ref.hpp"
 #include "pipeline/moe_pipeline.hpp"
@@ -96,6 +99,47 @@ SolFigures measure_sol(const BenchOptions& opt, const Shape& s, const std::vecto
   return sol;
 }
 
+// Chain trace: `runs` cold graph replays of the end-to-end run, each stamping its traced points;
+// prints per point the median time (us after the run's first stamp) at which the first and the
+// last CTA reached it.
+void trace_chain(int runs, const std::function<void(cudaStream_t)>& enqueue, GpuTimer& timer, std::ostream& log) {
+  cudaStream_t st = timer.stream();
+  cudaGraph_t g = nullptr;
+  cudaGraphExec_t exec = nullptr;
+  LOOM_CUDA_CHECK(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal));
+  enqueue(st);
+  LOOM_CUDA_CHECK(cudaStreamEndCapture(st, &g));
+  LOOM_CUDA_CHECK(cudaGraphInstantiate(&exec, g, 0));
+  LOOM_CUDA_CHECK(cudaGraphDestroy(g));
+  std::vector<std::vector<double>> first(trace::kEventCount), last(trace::kEventCount);
+  for (int r = 0; r < runs + 3; ++r) {  // the first three are warm-up
+    trace::reset(st);
+    timer.flush_l2(st);
+    LOOM_CUDA_CHECK(cudaGraphLaunch(exec, st));
+    LOOM_CUDA_CHECK(cudaStreamSynchronize(st));
+    const trace::Stamps s = trace::read();
+    const uint64_t t0 = *std::min_element(s.first.begin(), s.first.end());
+    for (int e = 0; r >= 3 && e < trace::kEventCount; ++e) {
+      if (s.last[size_t(e)] == 0) continue;
+      first[size_t(e)].push_back(double(s.first[size_t(e)] - t0) / 1000.0);
+      last[size_t(e)].push_back(double(s.last[size_t(e)] - t0) / 1000.0);
+    }
+  }
+  LOOM_CUDA_CHECK(cudaGraphExecDestroy(exec));
+  auto median = [](std::vector<double> v) {
+    std::sort(v.begin(), v.end());
+    return v[v.size() / 2];
+  };
+  log << "  chain trace (" << runs << " cold replays; us after the first stamp, median; first CTA / last CTA):\n";
+  for (int e = 0; e < trace::kEventCount; ++e) {
+    if (first[size_t(e)].empty()) continue;
+    char line[160];
+    std::snprintf(line, sizeof line, "    %-40s %8.2f %8.2f\n", trace::event_name(e), median(first[size_t(e)]),
+                  median(last[size_t(e)]));
+    log << line;
+  }
+}
+
 // The layer on the GPU: one checked run against the CPU reference, then end-to-end and GEMM-only
 // timings, cold and warm.
 void measure_gpu(const BenchOptions& opt, const Plan& plan, const Shape& s, const Routes& routes,
@@ -180,6 +224,7 @@ void measure_gpu(const BenchOptions& opt, const Plan& plan, const Shape& s, cons
     };
     r.gpu.push_back(Timed{label, timer.time(f, cold.copies, cold.mode, brief), Stats{}});
   }
+  if (opt.trace_chain > 0) trace_chain(opt.trace_chain, [&](cudaStream_t st2) { e2e(st2, 0); }, timer, log);
   log << "  loom e2e " << t_e2e.cold.median_us << " us (" << t_e2e.cold.l2 << "), GEMM alone " << t_gemm.cold.median_us
       << " us\n";
 }

@@ -28,6 +28,7 @@ struct BenchOptions {
   double max_cpu_gflop = 40; // larger CPU-reference runs are skipped (with a note)
   Options layer;             // loom options of the GPU path (deterministic, pdl, prefetch)
   bool check = true;         // compare the GPU output with the CPU reference when it is affordable
+  int trace_chain = 0;       // > 0: that many traced cold replays (a LOOM_CHAIN_TRACE build only)
 };
 
 std::vector<Record> run_bench(const BenchOptions& opt, std::ostream& log);

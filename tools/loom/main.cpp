@@ -9,6 +9,7 @@
 #include "bench/bench.hpp"
 #include "bench/peaks.hpp"
 #include "common/build_info.hpp"
+#include "common/chain_trace.cuh"
 #include "common/device_info.hpp"
 #include "loom/loom.hpp"
 #include "workload/workload.hpp"
@@ -46,6 +47,8 @@ bench options:
   --rescale-promotion    FP8 promotion by one accumulator rescaled in place (experiment)
   --bulk-combine         fast combine by cp.reduce.async.bulk rows instead of red.v4 (experiment)
   --no-check             skip the comparison of the GPU output with the CPU reference
+  --trace-chain N        after timing, N cold graph replays whose kernels stamp the time of each
+                         traced point; prints the medians (a -DLOOM_CHAIN_TRACE=ON build only)
 )";
 
 const std::set<std::string> kWorkloadFlags = {"preset", "tokens",  "hidden",     "inter",      "experts",
@@ -111,7 +114,7 @@ std::vector<std::string> rest(int argc, char** argv) { return std::vector<std::s
 
 int cmd_bench(int argc, char** argv) {
   std::set<std::string> valued = kWorkloadFlags;
-  valued.insert({"reps", "warmup", "json", "csv", "max-copies", "max-cpu-gflop"});
+  valued.insert({"reps", "warmup", "json", "csv", "max-copies", "max-cpu-gflop", "trace-chain"});
   const Args a(rest(argc, argv), valued,
                {"no-renorm", "sweep", "no-sol", "deterministic", "no-pdl", "eager", "prefetch", "no-check", "no-fuse",
                 "rescale-promotion", "bulk-combine"});
@@ -139,6 +142,10 @@ int cmd_bench(int argc, char** argv) {
   opt.layer.bulk_combine = a.has("bulk-combine");
   opt.timer.graph = !a.has("eager");
   opt.check = !a.has("no-check");
+  opt.trace_chain = int(a.integer("trace-chain", 0));
+  if (opt.trace_chain < 0) throw Error("--trace-chain must be >= 0");
+  if (opt.trace_chain > 0 && !loom::trace::enabled())
+    throw Error("--trace-chain needs a build configured with -DLOOM_CHAIN_TRACE=ON");
   const auto records = loom::bench::run_bench(opt, std::cerr);
   if (a.has("json")) loom::bench::write_file(a.str("json", ""), loom::bench::to_json(records));
   if (a.has("csv")) loom::bench::write_file(a.str("csv", ""), loom::bench::to_csv(records));
