@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "common/chain_trace.cuh"
 #include "common/cuda_check.hpp"
 #include "common/launch.hpp"
 #include "common/tensor_map.hpp"
@@ -78,6 +79,7 @@ struct KernelArgs {
   int prefetch;
   int dense;
   int split_k, kblocks_per_split;
+  int balanced;  // CTAs take equal shares of the (unit, K block) space (GemmFp8Config::balanced)
   int bulk_combine;  // atomic mode: cp.reduce.async.bulk rows instead of red.v4 (GemmFp8Config)
   // L2 eviction priority of the TMA loads: 1 = evict_first (read once, let it go first), 0 = normal.
   int weights_evict_first, x_evict_first;
@@ -133,6 +135,43 @@ __device__ __forceinline__ Unit decode_unit(const SharedStorage& s, const Kernel
   unit.kb_end = min(a.kblocks, unit.kb_begin + a.kblocks_per_split);
   return unit;
 }
+
+// The units of this CTA, one K range at a time. Round robin: whole units blockIdx.x, + gridDim.x, ...
+// Balanced: the (unit, K block) pairs in unit-major order are cut into gridDim.x equal shares and
+// this CTA walks share blockIdx.x, so a unit may be split at any K block between two CTAs (their
+// partial sums meet in the atomic combine). Every role of the CTA walks the same sequence.
+struct WorkCursor {
+  // Balanced: flattened (unit, K block) index (E * nblocks * kblocks < 2^31: 512 x 512 x 512 at
+  // most); round robin: unit index.
+  int pos, end;
+
+  __device__ WorkCursor(const KernelArgs& a, int units) {
+    if (a.balanced) {
+      // Share b: total / grid pairs, one more for the first total % grid shares (32-bit divisions).
+      const int total = units * a.kblocks, grid = int(gridDim.x), b = int(blockIdx.x);
+      const int share = total / grid, extra = total - share * grid;
+      pos = b * share + min(b, extra);
+      end = pos + share + (b < extra ? 1 : 0);
+    } else {
+      pos = int(blockIdx.x);
+      end = units;
+    }
+  }
+  __device__ bool next(const SharedStorage& s, const KernelArgs& a, Unit& unit) {
+    if (pos >= end) return false;
+    if (!a.balanced) {
+      unit = decode_unit(s, a, pos);
+      pos += int(gridDim.x);
+      return true;
+    }
+    const int u = pos / a.kblocks, kb = pos - u * a.kblocks;
+    unit = decode_unit(s, a, u);  // split_k is 1 here: the unit spans every K block
+    unit.kb_begin = kb;
+    unit.kb_end = min(a.kblocks, kb + (end - pos));
+    pos += unit.kb_end - unit.kb_begin;
+    return true;
+  }
+};
 
 // Compact mode: the experts with at least one row, in ascending order (ballot per 32 experts,
 // then a prefix over the per-32 counts). Every CTA builds the same list.
@@ -392,6 +431,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   // 64-bit address arithmetic on the promotion's critical path).
   const uint32_t align_pad = (1024u - uint32_t(reinterpret_cast<uintptr_t>(smem_raw) % 1024u)) % 1024u;
   SharedStorage& s = *reinterpret_cast<SharedStorage*>(smem_raw + align_pad);
+  if (threadIdx.x == 0) LOOM_TRACE(kGemmStart);
   if (threadIdx.x == 0) {
     for (int i = 0; i < kStages; ++i) {
       // One arrive.expect_tx (the TMA loads), plus one cp.async arrival per producer thread when
@@ -415,8 +455,10 @@ __global__ void __launch_bounds__(kThreads, 1)
   __syncthreads();
   // Everything below reads what the dispatch and quantisation kernels wrote.
   ptx::pdl_wait();
+  if (threadIdx.x == 0) LOOM_TRACE(kGemmWaited);
   if (!a.dense) build_hit_list(s, a);
   const int units = unit_count(s, a);
+  if (threadIdx.x == 0) LOOM_TRACE(kGemmUnits);
 
   const int warpgroup = threadIdx.x / 128;
   if (warpgroup == 0) {
@@ -429,17 +471,26 @@ __global__ void __launch_bounds__(kThreads, 1)
     // end are zero-filled.
     const int pt = threadIdx.x, piece = pt % (kBlockK / 16), pass_row = pt / (kBlockK / 16);
     const uint64_t weights_policy = ptx::l2_policy_evict_first();
+    [[maybe_unused]] bool first_tile = true;
     auto load_weight_tile = [&](uint8_t* dst, int kb, int row, uint64_t* bar) {
+#ifdef LOOM_CHAIN_TRACE
+      if (first_tile) LOOM_TRACE(kGemmFirstTma);
+      first_tile = false;
+#endif
       if (a.weights_evict_first)
         ptx::tma_load_2d_hint(dst, &maps.w, kb * kBlockK, row, bar, weights_policy);
       else
         ptx::tma_load_2d(dst, &maps.w, kb * kBlockK, row, bar);
     };
     PipelineState ps;
-    for (int u = blockIdx.x; u < units && (a.gather || pt == 0); u += gridDim.x) {
-      const Unit unit = decode_unit(s, a, u);
+    WorkCursor work(a, units);
+    Unit unit;
+    while ((a.gather || pt == 0) && work.next(s, a, unit)) {
       const int e = unit.expert, nb = unit.nb;
       const int row_begin = __ldg(a.offsets + e), rows = __ldg(a.offsets + e + 1) - row_begin;
+#ifdef LOOM_CHAIN_TRACE
+      if (pt == 0 && first_tile) LOOM_TRACE(kGemmFirstRows);
+#endif
       for (int chunk = 0; chunk < rows; chunk += kMaxChunk) {
         const int chunk_rows = min(kMaxChunk, rows - chunk);
         const int wi = width_index(chunk_rows), width = 16 << wi;
@@ -498,8 +549,9 @@ __global__ void __launch_bounds__(kThreads, 1)
     ptx::setmaxnreg_inc<kConsumerRegs>();
     const int consumer = warpgroup - 1;
     PipelineState ps;
-    for (int u = blockIdx.x; u < units; u += gridDim.x) {
-      const Unit unit = decode_unit(s, a, u);
+    WorkCursor work(a, units);
+    Unit unit;
+    while (work.next(s, a, unit)) {
       const int row_begin = __ldg(a.offsets + unit.expert), rows = __ldg(a.offsets + unit.expert + 1) - row_begin;
       for (int chunk = 0; chunk < rows; chunk += kMaxChunk) {
         const int chunk_rows = min(kMaxChunk, rows - chunk);
@@ -511,6 +563,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         }
       }
     }
+    if (threadIdx.x == 128) LOOM_TRACE(kGemmEnd);
   }
   ptx::pdl_launch_dependents();
 }
@@ -523,6 +576,7 @@ std::string GemmFp8Config::str() const {
          (dense ? std::string("dense unit walk") + (prefetch ? " + L2 prefetch before the PDL wait" : "")
                 : std::string("compact unit walk over experts with rows")) +
          (split_k > 1 ? ", split-K " + std::to_string(split_k) : "") +
+         (balanced ? ", balanced shares of (unit, K block)" : "") +
          (x_source == XSource::gather_by_token ? ", rows gathered by token (cp.async)" : ", expert-sorted rows (TMA)") +
          (rescale_promotion ? ", promotion: one accumulator rescaled in place" : "") +
          (bulk_combine ? ", combine: cp.reduce.async.bulk rows" : "") +
@@ -568,6 +622,12 @@ GemmFp8Config choose_gemm_fp8_config(int64_t tokens, int64_t topk, int64_t exper
   c.split_k = 1;
   if (!deterministic && units < device.sm_count)
     c.split_k = int(std::clamp<int64_t>(int64_t(std::ceil(device.sm_count / units)), 1, std::min<int64_t>(8, kblocks)));
+  // Balanced shares when each SM has one to a few whole units (gathered rows, T <= 32): round
+  // robin then leaves some SMs a whole unit more than others (T=8: 232 units on 132 SMs).
+  // Measured e2e, balanced vs round robin (same binary, x2): T=8 26.2 / 26.2 vs 27.4 / 27.4, T=16
+  // 38.6 / 38.6 vs 44.4 / 44.4, T=32 52.8 / 52.8 vs 53.4 / 53.5 us; in place of split-K (T=1:
+  // 15.1 / 14.8 vs 14.5 / 14.4) and with sorted rows (T=64: 69.8 / 69.8 vs 68.8 / 68.6) it lost.
+  c.balanced = !deterministic && !c.dense && c.x_source == XSource::gather_by_token && c.split_k == 1;
   return c;
 }
 
@@ -587,8 +647,10 @@ void launch_gemm_fp8(const GemmFp8Params& p, const GemmFp8Config& cfg, const Dev
   if (cfg.stages != kStages || cfg.max_width != kMaxChunk) throw Error("fp8 GEMM: config not instantiated: " + cfg.str());
   if (p.experts > kMaxHitExperts) throw Error("fp8 GEMM: at most " + std::to_string(kMaxHitExperts) + " experts");
   if (cfg.split_k > 1 && p.combine != CombineMode::atomic) throw Error("fp8 GEMM: split-K needs the atomic combine");
+  if (cfg.balanced && p.combine != CombineMode::atomic)
+    throw Error("fp8 GEMM: balanced shares split units, which needs the atomic combine");
   const int nblocks = int((p.n + kBlockM - 1) / kBlockM), kblocks = int((p.k + kBlockK - 1) / kBlockK);
-  const int split = std::max(1, std::min(cfg.split_k, kblocks));
+  const int split = cfg.balanced ? 1 : std::max(1, std::min(cfg.split_k, kblocks));
   const int kb_per_split = (kblocks + split - 1) / split;
   TensorMaps maps{};
   maps.w = make_tensor_map_2d(p.weights, CU_TENSOR_MAP_DATA_TYPE_UINT8, 1, uint64_t(p.experts) * p.n, p.k, p.k,
@@ -622,6 +684,7 @@ void launch_gemm_fp8(const GemmFp8Params& p, const GemmFp8Config& cfg, const Dev
                cfg.dense ? 1 : 0,
                (kblocks + kb_per_split - 1) / kb_per_split,
                kb_per_split,
+               cfg.balanced ? 1 : 0,
                cfg.bulk_combine && p.combine == CombineMode::atomic ? 1 : 0,
                cfg.weights_evict_first ? 1 : 0,
                cfg.x_evict_first && !gather ? 1 : 0};
@@ -633,8 +696,9 @@ void launch_gemm_fp8(const GemmFp8Params& p, const GemmFp8Config& cfg, const Dev
     configured[cfg.rescale_promotion] = true;
   }
   // Persistent grid: one CTA per SM (at most one unit per CTA when there are fewer units).
-  const int units = p.experts * nblocks * a.split_k;
-  const int grid = std::max(1, std::min(units, device.sm_count));
+  const int64_t units = int64_t(p.experts) * nblocks * (cfg.balanced ? kblocks : a.split_k);
+  if (units >= (int64_t(1) << 31)) throw Error("fp8 GEMM: E x ceil(N/128) x ceil(K/128) exceeds the kernel's 32-bit work index");
+  const int grid = int(std::max<int64_t>(1, std::min<int64_t>(units, device.sm_count)));
   launch_kernel(kernel, dim3(grid), dim3(kThreads), smem, stream, pdl, maps, a);
 }
 

@@ -5,8 +5,9 @@
 // CTA) and an expert's token rows on its N side, so an expert with 4 routed rows does not pad a
 // 64-row MMA; the N width of each chunk is picked at run time from {16, 32, 64, 128} to fit the
 // expert's rows. A work unit is (expert, 128 weight rows); the persistent grid strides over units
-// in expert-major order, and each unit streams its 128 x K weight tile once through a TMA pipeline
-// for every chunk of up to 128 of the expert's rows. The chunk's activation rows are gathered by
+// in expert-major order (or, balanced, each CTA takes an equal share of the (unit, K block) pairs),
+// and each unit streams its 128 x K weight tile once through a TMA pipeline for every chunk of up
+// to 128 of the expert's rows. The chunk's activation rows are gathered by
 // token (row_token) from the token-order quantised activations with cp.async, or, for wide chunks,
 // loaded by TMA from an expert-sorted copy (XSource).
 //
@@ -47,6 +48,9 @@ struct GemmFp8Config {
   bool dense = true;
   bool prefetch = true;  // dense only
   int split_k = 1;       // K ranges per (expert, 128 rows); > 1 only with the atomic combine
+  // Each CTA takes an equal share of all (unit, K block) pairs, cutting units at any K block
+  // (atomic combine only; replaces split_k): no CTA streams a whole unit more than another.
+  bool balanced = false;
   XSource x_source = XSource::gather_by_token;  // what GemmFp8Params::x holds
   // Promotion: false = block accumulator added into a final one (scaled), true = one accumulator
   // rescaled in place by s_prev / s_next at each K block (the issue's experiment; see perf.md).

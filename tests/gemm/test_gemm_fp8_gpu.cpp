@@ -148,14 +148,22 @@ void run_case(const GemmCase& c, CombineMode mode, uint64_t seed) {
     EXPECT_LE(e.worst_row, 1e-2) << "worst " << (mode == CombineMode::atomic ? "token" : "sorted") << " row "
                                  << e.worst_row_index;
   }
-  // Every unit walk (dense / compact) and split-K setting computes the same product.
+  // Every unit walk (dense / compact, round robin / balanced shares) and split-K setting computes
+  // the same product.
   if (mode == CombineMode::atomic) {
     const std::vector<double> base(got_default.begin(), got_default.end());
-    for (const auto& [dense, split] : {std::pair{true, 1}, std::pair{false, 1}, std::pair{false, 3}}) {
+    struct Walk {
+      bool dense;
+      int split;
+      bool balanced;
+    };
+    for (const auto& [dense, split, balanced] : {Walk{true, 1, false}, Walk{false, 1, false}, Walk{false, 3, false},
+                                                 Walk{false, 1, true}, Walk{true, 1, true}}) {
       GemmFp8Config cfg = chosen;
       cfg.dense = dense;
       cfg.prefetch = dense;
       cfg.split_k = split;
+      cfg.balanced = balanced;
       const std::vector<float> again = launch(cfg);
       const ErrorStats e = relative_error(again.data(), base.data(), s.tokens, N);
       EXPECT_LE(e.overall, 1e-5) << cfg.str();
