@@ -21,6 +21,7 @@ enum Event : int {
   kRouteStart, kRouteWaited, kRouteEnd,
   kRankLoaded, kRankMax, kRankRanked, kRankWeighted,
   kDqStart, kDqEarlyDone, kDqWaited, kDqCounted, kDqLayout, kDqScattered, kDqEnd,
+  kDispatchStart, kDispatchWaited, kDispatchEnd, kQuantStart, kQuantWaited, kQuantEnd,
   kGemmStart, kGemmWaited, kGemmUnits, kGemmFirstRows, kGemmFirstTma, kGemmEnd,
   kEventCount
 };

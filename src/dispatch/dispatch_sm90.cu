@@ -42,6 +42,7 @@
 #include <limits>
 #include <string>
 
+#include "common/chain_trace.cuh"
 #include "common/cuda_check.hpp"
 #include "common/launch.hpp"
 #include "loom/types.hpp"
@@ -133,8 +134,10 @@ __global__ void __launch_bounds__(kThreads, 1) dispatch_kernel(const DispatchPar
 
   // Our outputs are only read by kernels that wait for our completion (pdl_wait), so the next
   // kernel may start launching now.
+  if (threadIdx.x == 0) LOOM_TRACE(kDispatchStart);
   ptx::pdl_launch_dependents();
   ptx::pdl_wait();  // before the first global access: the ids come from the previous kernel
+  if (threadIdx.x == 0) LOOM_TRACE(kDispatchWaited);
 
   const int lane = int(threadIdx.x) & 31, warp = int(threadIdx.x) >> 5;
   const unsigned experts = unsigned(p.experts), topk = unsigned(p.topk);
@@ -335,6 +338,7 @@ __global__ void __launch_bounds__(kThreads, 1) dispatch_kernel(const DispatchPar
     p.row_token[row] = s_token[i];
     p.row_weight[row] = s_weight[i];
   }
+  if (threadIdx.x == 0) LOOM_TRACE(kDispatchEnd);
 }
 
 struct Plan {

@@ -4,6 +4,7 @@
 #include <cstdint>
 #include <string>
 
+#include "common/chain_trace.cuh"
 #include "common/cuda_check.hpp"
 #include "common/launch.hpp"
 #include "loom/types.hpp"
@@ -17,15 +18,18 @@ namespace {
 constexpr int kThreads = 128;
 
 __global__ void __launch_bounds__(kThreads) quant_gather_kernel(const QuantGatherParams p) {
+  if (threadIdx.x == 0) LOOM_TRACE(kQuantStart);
   // Lets the next kernel start launching; it waits for this grid's completion itself.
   ptx::pdl_launch_dependents();
   quant_detail::prefetch_first_units(p, (uint64_t(blockIdx.x) * kThreads + threadIdx.x) >> 5);
   // Before any global access: route_row comes from the dispatch kernel, and the buffers written
   // here may still be read by a kernel of the previous run.
   ptx::pdl_wait();
+  if (threadIdx.x == 0) LOOM_TRACE(kQuantWaited);
   quant_detail::quant_gather_body(p, (uint64_t(blockIdx.x) * kThreads + threadIdx.x) >> 5,
                                   (uint64_t(gridDim.x) * kThreads) >> 5, int64_t(blockIdx.x) * kThreads + threadIdx.x,
                                   int64_t(gridDim.x) * kThreads);
+  if (threadIdx.x == 0) LOOM_TRACE(kQuantEnd);
 }
 
 bool aligned16(const void* ptr) { return (reinterpret_cast<uintptr_t>(ptr) & 15u) == 0; }
@@ -53,6 +57,8 @@ void check_quant_gather(const QuantGatherParams& p) {
   if (!aligned16(p.hidden) || !aligned16(p.a_sorted)) throw Error(who + "hidden and a_sorted must be 16-byte aligned");
   if (p.zero_out && (p.zero_cols < 0 || !aligned16(p.zero_out)))
     throw Error(who + "zero_out must be 16-byte aligned with zero_cols >= 0");
+  if (p.zero_word_count < 0 || (p.zero_word_count > 0 && !p.zero_words))
+    throw Error(who + "zero_word_count needs zero_words");
   const int64_t groups = (int64_t(p.hidden_dim) + 127) / 128;
   const int64_t units = int64_t(p.tokens) * groups;
   if (int64_t(p.tokens) * p.topk > INT32_MAX || units > INT32_MAX) throw Error(who + "problem too large");
