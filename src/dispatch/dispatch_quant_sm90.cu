@@ -81,6 +81,7 @@ __global__ void __launch_bounds__(kThreads)
     first_pass = quant_detail::quantize_first_pass(qp, first_warp);
     quant_detail::clear_output(qp, int64_t(blockIdx.x) * kThreads + threadIdx.x, int64_t(gridDim.x) * kThreads);
     qp_rest.zero_out = nullptr;
+    qp_rest.zero_words = nullptr;
     if (threadIdx.x == 0) LOOM_TRACE(kDqEarlyDone);
   } else {
     quant_detail::prefetch_first_units(qp, first_warp);

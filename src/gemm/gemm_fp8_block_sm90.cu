@@ -38,6 +38,11 @@ constexpr int kGatherBarrier = 3;  // named barrier of the producer warpgroup (0
 constexpr int kScaleAlign = 4;
 constexpr int kXsStride = 160;  // floats per stage: >= kMaxChunk + kScaleAlign, 128-byte multiple
 constexpr int kMaxHitExperts = 512;  // compact mode keeps the list of experts with rows in shared memory
+constexpr int kUnitSlots = 2;        // dynamic tail: units announced ahead of the consumers
+// Dynamic tail: units go round robin except the last kDynamicRounds rounds' worth, which CTAs take
+// from a global queue as they finish (one round measured best: taking every unit from the queue
+// lost the round robin's L2 locality at T=8192, 362 vs 345 us e2e).
+constexpr int kDynamicRounds = 1;
 constexpr int kWTileBytes = kBlockM * kBlockK;
 constexpr int kXTileBytes = kMaxChunk * kBlockK;
 
@@ -83,6 +88,9 @@ struct KernelArgs {
   int bulk_combine;  // atomic mode: cp.reduce.async.bulk rows instead of red.v4 (GemmFp8Config)
   // L2 eviction priority of the TMA loads: 1 = evict_first (read once, let it go first), 0 = normal.
   int weights_evict_first, x_evict_first;
+  // Dynamic tail (sorted rows): [0] units taken from the queue, [1] CTAs done taking; nullptr =
+  // static walk.
+  int32_t* work_queue;
 };
 
 struct alignas(1024) SharedStorage {
@@ -95,6 +103,12 @@ struct alignas(1024) SharedStorage {
   int32_t gather_token[kMaxChunk];    // producer: token of each row of the chunk being loaded, -1 past its end
   uint64_t full[kStages];
   uint64_t empty[kStages];
+  // Dynamic tail: the producer announces each unit with rows as (index, expert's first row, rows)
+  // as it starts loading it (index -1: no more units), so the consumers know their next unit before
+  // its data arrives.
+  int4 unit_ring[kUnitSlots];
+  uint64_t unit_full[kUnitSlots];
+  uint64_t unit_empty[kUnitSlots];
   int32_t hit_experts[kMaxHitExperts];  // compact mode: experts with rows, ascending
   int32_t hit_count;
   int32_t chunk_hits[kMaxHitExperts / 32];
@@ -439,6 +453,10 @@ __global__ void __launch_bounds__(kThreads, 1)
       ptx::mbar_init(&s.full[i], a.gather ? 1 + kProducerThreads : 1);
       ptx::mbar_init(&s.empty[i], kConsumerWarps);
     }
+    for (int i = 0; i < kUnitSlots; ++i) {
+      ptx::mbar_init(&s.unit_full[i], 1);
+      ptx::mbar_init(&s.unit_empty[i], 32 * kConsumerWarps);  // every consumer thread, after its read
+    }
     ptx::fence_mbar_init();
     ptx::prefetch_tensormap(&maps.w);
     // The weights do not depend on earlier kernels: start pulling this CTA's first tile into L2
@@ -485,7 +503,65 @@ __global__ void __launch_bounds__(kThreads, 1)
     PipelineState ps;
     WorkCursor work(a, units);
     Unit unit;
-    while ((a.gather || pt == 0) && work.next(s, a, unit)) {
+    // Sorted rows: thread 0 loads every tile by TMA (and, with the dynamic tail, first announces the
+    // unit to the consumers).
+    PipelineState ring;  // unit_ring slot and phase (kUnitSlots < kStages: advanced by hand)
+    auto announce = [&](int index, int row_begin, int rows) {
+      ptx::mbar_wait(&s.unit_empty[ring.stage], ring.phase ^ 1);
+      s.unit_ring[ring.stage] = make_int4(index, row_begin, rows, 0);
+      ptx::mbar_arrive(&s.unit_full[ring.stage]);  // release: publishes the slot
+      if (++ring.stage == kUnitSlots) ring.stage = 0, ring.phase ^= 1;
+    };
+    auto load_sorted_unit = [&](const Unit& unit, int index, bool dynamic) {
+      const int e = unit.expert, nb = unit.nb;
+      const int row_begin = __ldg(a.offsets + e), rows = __ldg(a.offsets + e + 1) - row_begin;
+#ifdef LOOM_CHAIN_TRACE
+      if (first_tile) LOOM_TRACE(kGemmFirstRows);
+#endif
+      if (dynamic && rows > 0) announce(index, row_begin, rows);
+      for (int chunk = 0; chunk < rows; chunk += kMaxChunk) {
+        const int chunk_rows = min(kMaxChunk, rows - chunk);
+        const int wi = width_index(chunk_rows), width = 16 << wi;
+        const uint32_t bytes = kWTileBytes + width * kBlockK + (width + kScaleAlign) * 4;
+        const int scale_row = (row_begin + chunk) / kScaleAlign * kScaleAlign;
+        for (int kb = unit.kb_begin; kb < unit.kb_end; ++kb) {
+          ptx::mbar_wait(&s.empty[ps.stage], ps.phase ^ 1);
+          ptx::mbar_arrive_expect_tx(&s.full[ps.stage], bytes);
+          load_weight_tile(s.w[ps.stage], kb, e * a.n + nb * kBlockM, &s.full[ps.stage]);
+          if (a.x_evict_first)
+            ptx::tma_load_2d_hint(s.x[ps.stage], &maps.x[wi], kb * kBlockK, row_begin + chunk, &s.full[ps.stage],
+                                  ptx::l2_policy_evict_first());
+          else
+            ptx::tma_load_2d(s.x[ps.stage], &maps.x[wi], kb * kBlockK, row_begin + chunk, &s.full[ps.stage]);
+          ptx::tma_load_2d(s.xs[ps.stage], &maps.xs[wi], scale_row, kb, &s.full[ps.stage]);
+          ps.advance();
+        }
+      }
+    };
+    if (!a.gather && pt == 0 && a.work_queue != nullptr) {
+      // Dynamic tail: units below static_end round robin (the first is blockIdx.x, whose weights
+      // were prefetched), then the queue's next index, fetched one unit ahead so the atomic's round
+      // trip hides behind the current unit's loads. Units without rows load nothing and are not
+      // announced.
+      const int grid = int(gridDim.x);
+      const int static_end = max(1, units / grid - kDynamicRounds) * grid;
+      for (int u = int(blockIdx.x); u < units;) {
+        const int fetched = u + grid < static_end ? u + grid : static_end + atomicAdd(a.work_queue, 1);
+        load_sorted_unit(decode_unit(s, a, u), u, true);
+        u = fetched;
+      }
+      announce(-1, 0, 0);  // the end of the walk
+      // This CTA's last fetch has returned (its value ended the loop) before it counts itself out;
+      // the last CTA out leaves the queue zero for the next launch.
+      __threadfence();
+      if (atomicAdd(a.work_queue + 1, 1) == int(gridDim.x) - 1) {
+        atomicExch(a.work_queue, 0);
+        atomicExch(a.work_queue + 1, 0);
+      }
+    } else if (!a.gather) {
+      while (pt == 0 && work.next(s, a, unit)) load_sorted_unit(unit, 0, false);
+    }
+    while (a.gather && work.next(s, a, unit)) {
       const int e = unit.expert, nb = unit.nb;
       const int row_begin = __ldg(a.offsets + e), rows = __ldg(a.offsets + e + 1) - row_begin;
 #ifdef LOOM_CHAIN_TRACE
@@ -494,23 +570,6 @@ __global__ void __launch_bounds__(kThreads, 1)
       for (int chunk = 0; chunk < rows; chunk += kMaxChunk) {
         const int chunk_rows = min(kMaxChunk, rows - chunk);
         const int wi = width_index(chunk_rows), width = 16 << wi;
-        if (!a.gather) {
-          const uint32_t bytes = kWTileBytes + width * kBlockK + (width + kScaleAlign) * 4;
-          const int scale_row = (row_begin + chunk) / kScaleAlign * kScaleAlign;
-          for (int kb = unit.kb_begin; kb < unit.kb_end; ++kb) {
-            ptx::mbar_wait(&s.empty[ps.stage], ps.phase ^ 1);
-            ptx::mbar_arrive_expect_tx(&s.full[ps.stage], bytes);
-            load_weight_tile(s.w[ps.stage], kb, e * a.n + nb * kBlockM, &s.full[ps.stage]);
-            if (a.x_evict_first)
-              ptx::tma_load_2d_hint(s.x[ps.stage], &maps.x[wi], kb * kBlockK, row_begin + chunk, &s.full[ps.stage],
-                                    ptx::l2_policy_evict_first());
-            else
-              ptx::tma_load_2d(s.x[ps.stage], &maps.x[wi], kb * kBlockK, row_begin + chunk, &s.full[ps.stage]);
-            ptx::tma_load_2d(s.xs[ps.stage], &maps.xs[wi], scale_row, kb, &s.full[ps.stage]);
-            ps.advance();
-          }
-          continue;
-        }
         // The chunk's first weight tile does not need the row tokens: start it before their lookup.
         if (pt == 0) {
           ptx::mbar_wait(&s.empty[ps.stage], ps.phase ^ 1);
@@ -551,8 +610,26 @@ __global__ void __launch_bounds__(kThreads, 1)
     PipelineState ps;
     WorkCursor work(a, units);
     Unit unit;
-    while (work.next(s, a, unit)) {
-      const int row_begin = __ldg(a.offsets + unit.expert), rows = __ldg(a.offsets + unit.expert + 1) - row_begin;
+    const bool dynamic = !a.gather && a.work_queue != nullptr;
+    PipelineState ring;  // unit_ring slot and phase, as the producer's
+    while (true) {
+      int row_begin, rows;
+      if (dynamic) {
+        ptx::mbar_wait(&s.unit_full[ring.stage], ring.phase);
+        const int4 tag = s.unit_ring[ring.stage];
+        // Each thread's arrival releases its own read of the slot (once a unit: cheap).
+        ptx::mbar_arrive(&s.unit_empty[ring.stage]);
+        if (++ring.stage == kUnitSlots) ring.stage = 0, ring.phase ^= 1;
+        if (tag.x < 0) break;
+        unit = decode_unit(s, a, tag.x);
+        row_begin = tag.y;
+        rows = tag.z;
+      } else if (work.next(s, a, unit)) {
+        row_begin = __ldg(a.offsets + unit.expert);
+        rows = __ldg(a.offsets + unit.expert + 1) - row_begin;
+      } else {
+        break;
+      }
       for (int chunk = 0; chunk < rows; chunk += kMaxChunk) {
         const int chunk_rows = min(kMaxChunk, rows - chunk);
         switch (width_index(chunk_rows)) {
@@ -576,7 +653,7 @@ std::string GemmFp8Config::str() const {
          (dense ? std::string("dense unit walk") + (prefetch ? " + L2 prefetch before the PDL wait" : "")
                 : std::string("compact unit walk over experts with rows")) +
          (split_k > 1 ? ", split-K " + std::to_string(split_k) : "") +
-         (balanced ? ", balanced shares of (unit, K block)" : "") +
+         (balanced ? ", balanced shares of (unit, K block)" : "") + (dynamic ? ", dynamic tail (last round from a queue)" : "") +
          (x_source == XSource::gather_by_token ? ", rows gathered by token (cp.async)" : ", expert-sorted rows (TMA)") +
          (rescale_promotion ? ", promotion: one accumulator rescaled in place" : "") +
          (bulk_combine ? ", combine: cp.reduce.async.bulk rows" : "") +
@@ -628,6 +705,13 @@ GemmFp8Config choose_gemm_fp8_config(int64_t tokens, int64_t topk, int64_t exper
   // 38.6 / 38.6 vs 44.4 / 44.4, T=32 52.8 / 52.8 vs 53.4 / 53.5 us; in place of split-K (T=1:
   // 15.1 / 14.8 vs 14.5 / 14.4) and with sorted rows (T=64: 69.8 / 69.8 vs 68.8 / 68.6) it lost.
   c.balanced = !deterministic && !c.dense && c.x_source == XSource::gather_by_token && c.split_k == 1;
+  // Dynamic tail with sorted rows: round robin leaves the CTAs unequal work at the end (a unit
+  // more or less, units of unequal width, SMs that stream at unequal rates). Measured e2e, round
+  // robin vs dynamic tail (two builds, same call, x2): T=64 68.5 / 68.7 vs 68.0 / 68.0, T=128 75.9
+  // / 76.1 vs 75.6 / 75.8, T=512 86.7 / 86.7 vs 86.5 / 86.4, T=2048 134.7 / 134.4 vs 131.6 / 131.8,
+  // T=4096 222.1 / 221.2 vs 209.8 / 209.8, T=8192 351.4 / 350.8 vs 344.7 / 344.3 us; zipf:1.2 T=128
+  // 64.9 vs 58.4, hot:0.9 81.4 vs 76.9. Every unit from the queue lost at T=8192 (362.4 us).
+  c.dynamic = c.x_source == XSource::sorted_rows;
   return c;
 }
 
@@ -647,6 +731,8 @@ void launch_gemm_fp8(const GemmFp8Params& p, const GemmFp8Config& cfg, const Dev
   if (cfg.stages != kStages || cfg.max_width != kMaxChunk) throw Error("fp8 GEMM: config not instantiated: " + cfg.str());
   if (p.experts > kMaxHitExperts) throw Error("fp8 GEMM: at most " + std::to_string(kMaxHitExperts) + " experts");
   if (cfg.split_k > 1 && p.combine != CombineMode::atomic) throw Error("fp8 GEMM: split-K needs the atomic combine");
+  if (cfg.dynamic && (cfg.x_source != XSource::sorted_rows || cfg.balanced || !p.work_queue))
+    throw Error("fp8 GEMM: the dynamic tail needs sorted rows, no balanced shares, and a work_queue");
   if (cfg.balanced && p.combine != CombineMode::atomic)
     throw Error("fp8 GEMM: balanced shares split units, which needs the atomic combine");
   const int nblocks = int((p.n + kBlockM - 1) / kBlockM), kblocks = int((p.k + kBlockK - 1) / kBlockK);
@@ -687,7 +773,8 @@ void launch_gemm_fp8(const GemmFp8Params& p, const GemmFp8Config& cfg, const Dev
                cfg.balanced ? 1 : 0,
                cfg.bulk_combine && p.combine == CombineMode::atomic ? 1 : 0,
                cfg.weights_evict_first ? 1 : 0,
-               cfg.x_evict_first && !gather ? 1 : 0};
+               cfg.x_evict_first && !gather ? 1 : 0,
+               cfg.dynamic ? p.work_queue : nullptr};
   const size_t smem = sizeof(SharedStorage) + 1024;  // + alignment slack for the 1024-byte base
   auto* kernel = cfg.rescale_promotion ? gemm_fp8_block_kernel<true> : gemm_fp8_block_kernel<false>;
   static bool configured[2] = {false, false};

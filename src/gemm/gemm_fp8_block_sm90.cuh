@@ -5,7 +5,8 @@
 // CTA) and an expert's token rows on its N side, so an expert with 4 routed rows does not pad a
 // 64-row MMA; the N width of each chunk is picked at run time from {16, 32, 64, 128} to fit the
 // expert's rows. A work unit is (expert, 128 weight rows); the persistent grid strides over units
-// in expert-major order (or, balanced, each CTA takes an equal share of the (unit, K block) pairs),
+// in expert-major order (with sorted rows, the last round's worth of units from a global queue; or,
+// balanced, each CTA takes an equal share of the (unit, K block) pairs),
 // and each unit streams its 128 x K weight tile once through a TMA pipeline for every chunk of up
 // to 128 of the expert's rows. The chunk's activation rows are gathered by
 // token (row_token) from the token-order quantised activations with cp.async, or, for wide chunks,
@@ -51,6 +52,10 @@ struct GemmFp8Config {
   // Each CTA takes an equal share of all (unit, K block) pairs, cutting units at any K block
   // (atomic combine only; replaces split_k): no CTA streams a whole unit more than another.
   bool balanced = false;
+  // Sorted rows only: units go round robin but for the last round's worth, which CTAs take from a
+  // global queue (GemmFp8Params::work_queue) as they finish, so no CTA is left with a whole unit
+  // more than the others at the end (units of unequal width, SMs that stream at unequal rates).
+  bool dynamic = false;
   XSource x_source = XSource::gather_by_token;  // what GemmFp8Params::x holds
   // Promotion: false = block accumulator added into a final one (scaled), true = one accumulator
   // rescaled in place by s_prev / s_next at each K block (the issue's experiment; see perf.md).
@@ -80,6 +85,10 @@ struct GemmFp8Params {
   const int32_t* row_token = nullptr;      // [R] token of each expert-sorted row: the gather index
   const float* row_weight = nullptr;       // [R]
   float* out = nullptr;                    // atomic: [T, N] (zeroed before); store: [R, N]
+  // GemmFp8Config::dynamic: two int32 words, zero when the kernel starts; it leaves them zero when
+  // it completes (the pipeline also clears them in the kernel before the GEMM, so a run never
+  // depends on how the previous one ended).
+  int32_t* work_queue = nullptr;
   int experts = 0, n = 0, k = 0;
   CombineMode combine = CombineMode::atomic;
 };

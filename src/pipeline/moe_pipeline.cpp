@@ -84,6 +84,7 @@ Plan plan(const Shape& s, const Routing& r, const Options& o) {
   L.x = carve(c, size_t(x_rows) * size_t(K));
   L.x_scales = carve(c, size_t(quant_blocks(K)) * size_t(x_rows) * 4);
   L.y = carve(c, o.deterministic ? size_t(R) * size_t(N) * 4 : 0);
+  L.gemm_queue = carve(c, 2 * sizeof(int32_t));  // the GEMM's dynamic unit queue (sorted rows)
   L.status = carve(c, sizeof(LayerStatus));
   L.total = c;
   return p;
@@ -216,6 +217,12 @@ void run_stages(const Plan& p, const Weights& w, const Inputs& in, void* output,
   // The fast combine accumulates into the output: clear it here, ordered before the GEMM.
   qp.zero_out = p.options.deterministic ? nullptr : static_cast<float*>(output);
   qp.zero_cols = s.inter;
+  // The GEMM's dynamic unit queue starts every run at zero: the kernel just before the GEMM clears it.
+  int32_t* gemm_queue = at<int32_t>(workspace, L.gemm_queue);
+  if (gc.dynamic) {
+    qp.zero_words = gemm_queue;
+    qp.zero_word_count = 2;
+  }
 
   // The chain. Token order: from logits, routing and quantisation share one launch (small softmax
   // batches also dispatch in it); from precomputed top-k ids, quantise then dispatch. Sorted rows:
@@ -255,6 +262,7 @@ void run_stages(const Plan& p, const Weights& w, const Inputs& in, void* output,
   gp.n = int(s.inter);
   gp.k = int(s.hidden);
   gp.combine = p.options.deterministic ? CombineMode::store : CombineMode::atomic;
+  gp.work_queue = gc.dynamic ? gemm_queue : nullptr;
   if (do_gemm) launch_gemm_fp8(gp, gc, dev, stream, pdl);
 
   if (p.options.deterministic && all) {

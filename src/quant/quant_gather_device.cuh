@@ -144,9 +144,10 @@ __device__ __forceinline__ UnitCodes quantize_first_pass(const QuantGatherParams
   return quantize_unit(p, u.t, u.c, u.active);
 }
 
-// Clears the fast combine's fp32 output (flat: rows are contiguous), if asked, with the threads
+// Clears the fast combine's fp32 output (flat: rows are contiguous) and the words to zero, if asked, with the threads
 // [tid, tid + nth, ...) of the caller's grid.
 __device__ __forceinline__ void clear_output(const QuantGatherParams& p, int64_t tid, int64_t nth) {
+  if (p.zero_words != nullptr && tid < p.zero_word_count) p.zero_words[tid] = 0;
   if (p.zero_out == nullptr) return;
   const int64_t n = int64_t(p.tokens) * p.zero_cols;
   const int64_t n4 = n / 4;

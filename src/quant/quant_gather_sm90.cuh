@@ -25,6 +25,10 @@ struct QuantGatherParams {
   float* a_scales = nullptr;           // [ceil(H/128), R_pad] fp32, MN-major: a_scales[g * R_pad + row]
   float* zero_out = nullptr;           // optional [T, zero_cols] fp32 to clear (the fast combine accumulates into it)
   int64_t zero_cols = 0;
+  // Optional words to zero (the GEMM's dynamic work queue: it must start each run at zero, and the
+  // GEMM reads it only after this kernel has completed).
+  int32_t* zero_words = nullptr;
+  int zero_word_count = 0;
 };
 
 // Throws loom::Error on a bad shape or misaligned pointer (what launch_quant_gather checks; also for

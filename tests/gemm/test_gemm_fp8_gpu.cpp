@@ -95,6 +95,8 @@ void run_case(const GemmCase& c, CombineMode mode, uint64_t seed) {
                dwt = DeviceBuffer::from(row_weight);
   const int64_t out_rows = mode == CombineMode::atomic ? s.tokens : R;
   DeviceBuffer dout(size_t(out_rows * N) * 4);
+  DeviceBuffer dqueue(2 * sizeof(int32_t));
+  LOOM_CUDA_CHECK(cudaMemset(dqueue.get(), 0, dqueue.bytes()));
   GemmFp8Params p;
   p.weights = dw.as<uint8_t>();
   p.weight_scales = dws.as<float>();
@@ -114,9 +116,14 @@ void run_case(const GemmCase& c, CombineMode mode, uint64_t seed) {
     p.x_rows = gather ? Tp : Rp;
     // Atomic mode accumulates into zeros; store mode must overwrite every valid row (poison it).
     LOOM_CUDA_CHECK(cudaMemset(dout.get(), mode == CombineMode::atomic ? 0 : 0xff, dout.bytes()));
+    p.work_queue = cfg.dynamic ? dqueue.as<int32_t>() : nullptr;
     launch_gemm_fp8(p, cfg, dev, nullptr, false);
     LOOM_CUDA_CHECK(cudaGetLastError());
     LOOM_CUDA_CHECK(cudaDeviceSynchronize());
+    // The dynamic walk leaves its queue zero for the next launch.
+    const std::vector<int32_t> queue = dqueue.to_host<int32_t>();
+    EXPECT_EQ(queue[0], 0) << cfg.str();
+    EXPECT_EQ(queue[1], 0) << cfg.str();
     return dout.to_host<float>();
   };
 
@@ -134,6 +141,8 @@ void run_case(const GemmCase& c, CombineMode mode, uint64_t seed) {
     if (bulk && mode != CombineMode::atomic) continue;
     GemmFp8Config cfg = chosen;
     cfg.x_source = source;
+    cfg.balanced = cfg.balanced && source == XSource::gather_by_token;
+    cfg.dynamic = source == XSource::sorted_rows;  // as the chooser pairs them
     cfg.rescale_promotion = rescale;
     cfg.bulk_combine = bulk;
     SCOPED_TRACE(cfg.str());
@@ -148,22 +157,26 @@ void run_case(const GemmCase& c, CombineMode mode, uint64_t seed) {
     EXPECT_LE(e.worst_row, 1e-2) << "worst " << (mode == CombineMode::atomic ? "token" : "sorted") << " row "
                                  << e.worst_row_index;
   }
-  // Every unit walk (dense / compact, round robin / balanced shares) and split-K setting computes
-  // the same product.
+  // Every unit walk (dense / compact, round robin / balanced shares / dynamic queue) and split-K
+  // setting computes the same product.
   if (mode == CombineMode::atomic) {
     const std::vector<double> base(got_default.begin(), got_default.end());
     struct Walk {
       bool dense;
       int split;
-      bool balanced;
+      bool balanced, dynamic;
     };
-    for (const auto& [dense, split, balanced] : {Walk{true, 1, false}, Walk{false, 1, false}, Walk{false, 3, false},
-                                                 Walk{false, 1, true}, Walk{true, 1, true}}) {
+    for (const auto& [dense, split, balanced, dynamic] :
+         {Walk{true, 1, false, false}, Walk{false, 1, false, false}, Walk{false, 3, false, false},
+          Walk{false, 1, true, false}, Walk{true, 1, true, false}, Walk{true, 1, false, true},
+          Walk{false, 1, false, true}, Walk{false, 3, false, true}}) {
       GemmFp8Config cfg = chosen;
       cfg.dense = dense;
       cfg.prefetch = dense;
       cfg.split_k = split;
       cfg.balanced = balanced;
+      cfg.dynamic = dynamic;
+      if (dynamic) cfg.x_source = XSource::sorted_rows;
       const std::vector<float> again = launch(cfg);
       const ErrorStats e = relative_error(again.data(), base.data(), s.tokens, N);
       EXPECT_LE(e.overall, 1e-5) << cfg.str();

@@ -56,6 +56,9 @@ struct Harness {
     out = DeviceBuffer(size_t(std::max<int64_t>(1, shape.tokens * shape.inter)) * 4);
     plan = loom::plan(shape, routing, opt);
     ws = DeviceBuffer(workspace_bytes(plan));
+    // cudaMalloc gives no particular contents: a run must not depend on any (e.g. the GEMM's work
+    // queue, which the kernel before it clears; left as -1 it would send CTAs to invalid units).
+    LOOM_CUDA_CHECK(cudaMemset(ws.get(), 0xff, ws.bytes()));
   }
   Inputs inputs() const {
     Inputs in;
