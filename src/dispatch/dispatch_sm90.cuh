@@ -32,6 +32,10 @@ struct DispatchParams {
   int32_t* row_token = nullptr;   // [T*k] token of each sorted row (rows >= offsets[E] untouched)
   float* row_weight = nullptr;    // [T*k] top-k weight of each sorted row (bits copied)
   LayerStatus* status = nullptr;  // written with plain stores every run (nan_tokens, dropped_routes, reserved = 0)
+  // Optional [1 + E]: {count of experts with rows}, then (expert, first row, rows, 0) of each of
+  // them, ascending: the GEMM's compact unit walk reads it instead of scanning the offsets. Only
+  // the fused small-batch kernel writes it (launch_route_dispatch_small); others ignore it.
+  int4* hit_list = nullptr;
 };
 
 // How launch_dispatch runs one shape (for plan descriptions, tests and benchmarks).

@@ -97,9 +97,12 @@ __device__ __forceinline__ void route_dispatch_by_token_masks(const RouteTopkPar
   if (rank != 0) return;
   if (threadIdx.x == 0) LOOM_TRACE(kSmallRouted);
 
-  // Offsets: exclusive scan of the popcounts, thread e = expert e (E <= 512 <= kThreads).
+  // Offsets: exclusive scan of the popcounts, thread e = expert e (E <= 512 <= kThreads), and in the
+  // upper half-word the scan of "has rows" (the hit list's slots): both stay below 2^16.
+  static_assert(kMaxRoutes < (1 << 16) && kSmallMaxExperts < (1 << 15), "two 16-bit scans in one word");
   const int count = int(threadIdx.x) < E ? __popc(masks[threadIdx.x]) : 0;
-  int incl = count;
+  const int count_hit = count | (count > 0 ? 1 << 16 : 0);
+  int incl = count_hit;
 #pragma unroll
   for (int d = 1; d < 32; d *= 2) {
     const int n = __shfl_up_sync(0xffffffffu, incl, d);
@@ -118,11 +121,16 @@ __device__ __forceinline__ void route_dispatch_by_token_masks(const RouteTopkPar
     warp_base[lane] = run - total;
   }
   __syncthreads();
-  const int offset = warp_base[warp] + incl - count;
+  const int excl = warp_base[warp] + incl - count_hit;
+  const int offset = excl & 0xffff, hit_slot = excl >> 16;
   if (int(threadIdx.x) < E) {
     offsets[threadIdx.x] = offset;
     dp.offsets[threadIdx.x] = offset;
     if (int(threadIdx.x) == E - 1) dp.offsets[E] = offset + count;
+    if (dp.hit_list != nullptr) {
+      if (count > 0) dp.hit_list[1 + hit_slot] = make_int4(int(threadIdx.x), offset, count, 0);
+      if (int(threadIdx.x) == E - 1) dp.hit_list[0] = make_int4(hit_slot + (count > 0 ? 1 : 0), 0, 0, 0);
+    }
   }
   __syncthreads();
   if (threadIdx.x == 0) LOOM_TRACE(kSmallLayout);

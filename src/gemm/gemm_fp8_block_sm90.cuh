@@ -89,6 +89,9 @@ struct GemmFp8Params {
   // it completes (the pipeline also clears them in the kernel before the GEMM, so a run never
   // depends on how the previous one ended).
   int32_t* work_queue = nullptr;
+  // Optional: the experts with rows and their row ranges (DispatchParams::hit_list, written by the
+  // kernel before): compact walks read them instead of scanning the offsets.
+  const int4* hit_list = nullptr;
   int experts = 0, n = 0, k = 0;
   CombineMode combine = CombineMode::atomic;
 };

@@ -85,6 +85,7 @@ Plan plan(const Shape& s, const Routing& r, const Options& o) {
   L.x_scales = carve(c, size_t(quant_blocks(K)) * size_t(x_rows) * 4);
   L.y = carve(c, o.deterministic ? size_t(R) * size_t(N) * 4 : 0);
   L.gemm_queue = carve(c, 2 * sizeof(int32_t));  // the GEMM's dynamic unit queue (sorted rows)
+  L.hit_list = carve(c, size_t(s.experts + 1) * 16);  // experts with rows, from the fused small kernel
   L.status = carve(c, sizeof(LayerStatus));
   L.total = c;
   return p;
@@ -205,6 +206,9 @@ void run_stages(const Plan& p, const Weights& w, const Inputs& in, void* output,
   dp.row_token = at<int32_t>(workspace, L.row_token);
   dp.row_weight = at<float>(workspace, L.row_weight);
   dp.status = status;
+  // The fused small-batch kernel also lists the experts with rows for the GEMM's compact walk.
+  int4* hit_list = chain.fused_route_dispatch ? at<int4>(workspace, L.hit_list) : nullptr;
+  dp.hit_list = hit_list;
   QuantGatherParams qp;  // token order (the GEMM gathers by token) or expert-sorted rows
   qp.hidden = static_cast<const uint16_t*>(in.hidden);
   qp.route_row = sorted ? dp.route_row : nullptr;
@@ -263,6 +267,7 @@ void run_stages(const Plan& p, const Weights& w, const Inputs& in, void* output,
   gp.k = int(s.hidden);
   gp.combine = p.options.deterministic ? CombineMode::store : CombineMode::atomic;
   gp.work_queue = gc.dynamic ? gemm_queue : nullptr;
+  gp.hit_list = hit_list;
   if (do_gemm) launch_gemm_fp8(gp, gc, dev, stream, pdl);
 
   if (p.options.deterministic && all) {

@@ -23,6 +23,7 @@ using bench::DeviceBuffer;
 
 struct Outputs {
   std::vector<int32_t> ids, offsets, route_row, row_token;
+  std::vector<int32_t> hit_list;  // fused path: [1 + E][4]
   std::vector<float> weights, row_weight;
   std::vector<uint8_t> flags;
   LayerStatus status;
@@ -48,8 +49,12 @@ Outputs run(Path path, const std::vector<float>& logits, int T, int E, int k, co
   Buffers b(dl.as<float>(), T, E, k, routing);
   const RouteTopkParams& rp = b.rp;
   const DispatchParams& dp = b.dp;
+  DeviceBuffer hits(size_t(E + 1) * 16);
+  LOOM_CUDA_CHECK(cudaMemset(hits.get(), 0xab, hits.bytes()));
   if (path == Path::fused) {
-    launch_route_dispatch_small(rp, dp, nullptr, nullptr, true);
+    DispatchParams with_hits = dp;
+    with_hits.hit_list = hits.as<int4>();
+    launch_route_dispatch_small(rp, with_hits, nullptr, nullptr, true);
   } else {
     launch_route_topk(rp, nullptr, true);
     if (path == Path::route_then_small_dispatch)
@@ -63,6 +68,7 @@ Outputs run(Path path, const std::vector<float>& logits, int T, int E, int k, co
   o.weights = b.routed.weights.to_host<float>();
   o.flags = b.routed.flags.to_host<uint8_t>();
   o.offsets = b.out.offsets.to_host<int32_t>();
+  if (path == Path::fused) o.hit_list = hits.to_host<int32_t>();
   o.route_row = b.out.route_row.to_host<int32_t>();
   o.row_token = b.out.row_token.to_host<int32_t>();
   o.row_weight = b.out.row_weight.to_host<float>();
@@ -115,6 +121,18 @@ TEST(RouteDispatchSmallGpu, MatchesRouteThenDispatchBitForBit) {
       const Dispatch d = dispatch_ref(ref.ids.data(), c.T, c.k, c.E);
       EXPECT_EQ(fused.offsets, d.offsets);
       EXPECT_EQ(fused.route_row, d.route_row);
+      if (can_fuse) {
+        // The hit list: the experts with rows, ascending, with their first row and row count.
+        std::vector<int32_t> want{0, 0, 0, 0};
+        for (int e = 0; e < c.E; ++e) {
+          const int rows = d.offsets[size_t(e + 1)] - d.offsets[size_t(e)];
+          if (rows == 0) continue;
+          ++want[0];
+          want.insert(want.end(), {e, d.offsets[size_t(e)], rows, 0});
+        }
+        ASSERT_GE(fused.hit_list.size(), want.size());
+        EXPECT_TRUE(std::equal(want.begin(), want.end(), fused.hit_list.begin()));
+      }
       EXPECT_EQ(fused.status.nan_tokens, uint32_t(count_nan_tokens(logits.data(), c.T, c.E)));
     }
   }

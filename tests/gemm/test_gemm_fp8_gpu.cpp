@@ -97,6 +97,17 @@ void run_case(const GemmCase& c, CombineMode mode, uint64_t seed) {
   DeviceBuffer dout(size_t(out_rows * N) * 4);
   DeviceBuffer dqueue(2 * sizeof(int32_t));
   LOOM_CUDA_CHECK(cudaMemset(dqueue.get(), 0, dqueue.bytes()));
+  // The hit list a fused small-batch kernel would write: {count}, then (expert, first row, rows).
+  std::vector<int32_t> hits{0, 0, 0, 0};
+  for (int64_t e = 0; e < s.experts; ++e) {
+    const int32_t first = d.offsets[size_t(e)], n = d.offsets[size_t(e + 1)] - first;
+    if (n == 0) continue;
+    ++hits[0];
+    hits.insert(hits.end(), {int32_t(e), first, n, 0});
+  }
+  hits.resize(size_t(s.experts + 1) * 4, -1);  // entries past the count: stale, never read
+  DeviceBuffer dhits = DeviceBuffer::from(hits);
+  bool with_hit_list = false;
   GemmFp8Params p;
   p.weights = dw.as<uint8_t>();
   p.weight_scales = dws.as<float>();
@@ -117,6 +128,7 @@ void run_case(const GemmCase& c, CombineMode mode, uint64_t seed) {
     // Atomic mode accumulates into zeros; store mode must overwrite every valid row (poison it).
     LOOM_CUDA_CHECK(cudaMemset(dout.get(), mode == CombineMode::atomic ? 0 : 0xff, dout.bytes()));
     p.work_queue = cfg.dynamic ? dqueue.as<int32_t>() : nullptr;
+    p.hit_list = with_hit_list ? dhits.as<int4>() : nullptr;
     launch_gemm_fp8(p, cfg, dev, nullptr, false);
     LOOM_CUDA_CHECK(cudaGetLastError());
     LOOM_CUDA_CHECK(cudaDeviceSynchronize());
@@ -177,9 +189,15 @@ void run_case(const GemmCase& c, CombineMode mode, uint64_t seed) {
       cfg.balanced = balanced;
       cfg.dynamic = dynamic;
       if (dynamic) cfg.x_source = XSource::sorted_rows;
-      const std::vector<float> again = launch(cfg);
-      const ErrorStats e = relative_error(again.data(), base.data(), s.tokens, N);
-      EXPECT_LE(e.overall, 1e-5) << cfg.str();
+      // Compact walks also from a hit list (as after the fused small-batch kernel).
+      for (const bool hit_list : {false, true}) {
+        if (hit_list && dense) continue;
+        with_hit_list = hit_list;
+        const std::vector<float> again = launch(cfg);
+        const ErrorStats e = relative_error(again.data(), base.data(), s.tokens, N);
+        EXPECT_LE(e.overall, 1e-5) << cfg.str() << (hit_list ? ", hit list" : "");
+      }
+      with_hit_list = false;
     }
   }
 }
