@@ -1,7 +1,7 @@
 // The fused dispatch + quantise-into-sorted-rows launch writes exactly what the dispatch kernel
 // followed by the gathering quantise kernel write (each checked against its CPU reference by its own
 // tests), for any grid size: offsets, route_row, row_token, row_weight, status, FP8 codes, scales and
-// the cleared output, bit for bit, with dropped ids and NaN flags in the input, whether the first
+// the cleared output and words, bit for bit, with dropped ids and NaN flags in the input, whether the first
 // pass is quantised before or after the kernel's PDL wait.
 #include <gtest/gtest.h>
 
@@ -27,6 +27,7 @@ using bench::DeviceBuffer;
 struct Outputs {
   std::vector<int32_t> offsets, route_row, row_token;
   std::vector<uint32_t> row_weight, scales, zeroed;  // bits
+  std::vector<int32_t> words;  // zero_words (the GEMM's work queue), poisoned before the run
   std::vector<uint8_t> codes;
   LayerStatus status;
 };
@@ -38,7 +39,11 @@ Outputs run_once(int grid, bool early, const DeviceBuffer& ids, const DeviceBuff
   test::DispatchOutputs d(T, k, E, 0x7f);
   test::QuantOutputs q(padded_rows(int64_t(T) * k), H, T, 48, 0x7f);
   const DispatchParams dp = d.params(ids.as<int32_t>(), wts.as<float>(), flags.as<uint8_t>());
-  const QuantGatherParams qp = q.params(hidden.as<uint16_t>(), dp.route_row, T, H, k);
+  QuantGatherParams qp = q.params(hidden.as<uint16_t>(), dp.route_row, T, H, k);
+  DeviceBuffer words(2 * sizeof(int32_t));
+  LOOM_CUDA_CHECK(cudaMemset(words.get(), 0x7f, words.bytes()));
+  qp.zero_words = words.as<int32_t>();
+  qp.zero_word_count = 2;
   test::Stream stream;
   if (grid > 0) {
     launch_dispatch_quant(dp, qp, grid, stream.get(), true, early);
@@ -55,6 +60,7 @@ Outputs run_once(int grid, bool early, const DeviceBuffer& ids, const DeviceBuff
   o.row_weight = d.row_weight.to_host<uint32_t>();
   o.scales = q.scales.to_host<uint32_t>();
   o.zeroed = q.zero.to_host<uint32_t>();
+  o.words = words.to_host<int32_t>();
   o.codes = q.codes.to_host<uint8_t>();
   const std::vector<uint8_t> sb = d.status.to_host<uint8_t>();
   std::memcpy(&o.status, sb.data(), sizeof o.status);
@@ -96,6 +102,7 @@ TEST(DispatchQuantGpu, MatchesDispatchThenQuantiseBitForBit) {
       EXPECT_EQ(got.codes, want.codes);
       EXPECT_EQ(got.scales, want.scales);
       for (uint32_t z : got.zeroed) ASSERT_EQ(z, 0u);
+      EXPECT_EQ(got.words, std::vector<int32_t>(2, 0));
     }
   }
 }

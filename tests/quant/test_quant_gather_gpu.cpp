@@ -171,6 +171,11 @@ void run_case(const Case& c, uint64_t seed) {
   p.a_scales = d_s.as<float>();
   p.zero_out = c.zero_cols < 0 ? nullptr : d_zero.as<float>();
   p.zero_cols = zc;
+  // The words to zero (the GEMM's work queue in the pipeline), poisoned.
+  bench::DeviceBuffer d_words(2 * sizeof(int32_t));
+  d_words.upload(std::vector<uint32_t>(2, kNaNBits));
+  p.zero_words = d_words.as<int32_t>();
+  p.zero_word_count = 2;
   Stream stream;
   launch_quant_gather(p, stream.get(), c.pdl);
   stream.sync();
@@ -212,6 +217,7 @@ void run_case(const Case& c, uint64_t seed) {
                   << want_s[size_t(first)] << ")";
   }
 
+  EXPECT_EQ(d_words.to_host<int32_t>(), std::vector<int32_t>(2, 0)) << "zero_words not cleared";
   // zero_out: every word +0.
   if (p.zero_out) {
     const std::vector<uint32_t> got_z = d_zero.to_host<uint32_t>();
