@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cmath>
+#include <cstdint>
 
 #include "common/chain_trace.cuh"
 #include "ptx/prefetch.cuh"
@@ -53,26 +54,40 @@ __device__ __forceinline__ float exp_shifted(float c, float m) {
   return d > -128.0f ? fmaf(e, err, e) : 0.0f;  // -inf or NaN logit, or exp(d) below fp32 anyway
 }
 
-// One round of the warp arg-max over the lanes' keys: returns the winning expert id (expert
-// s * 32 + lane for slot s), removes it from its lane, and broadcasts its `val` to every lane.
+// Lane l holds experts l * V .. l * V + V - 1 (slot s: expert l * V + s), so a lower lane holds
+// only lower ids: among lanes tied on the best key the lowest lane has the reference's winner (the
+// lower id), which one ballot finds. Each lane's V logits are contiguous (vector loads).
+template <int V>
+__device__ __forceinline__ int expert_of(int slot, int lane) {
+  return lane * V + slot;
+}
+
+// One round of the warp arg-max over the lanes' keys: returns the winning expert id, removes it
+// from its lane, and broadcasts its `val` to every lane. One reduction and one ballot on the
+// round's critical path; the id and value are shuffled off it.
 template <int V>
 __device__ __forceinline__ uint32_t take_best(uint32_t (&key)[V], const float (&val)[V], int lane, float& win_val) {
-  uint32_t best_key = kNotCandidate, best_id = kNoId;
-  float best_val = 0.0f;
+  uint32_t best_key = kNotCandidate;
+  int best_slot = 0;
 #pragma unroll
   for (int s = 0; s < V; ++s) {
-    if (key[s] > best_key) {
+    if (key[s] > best_key) {  // strict: the lower slot (lower id) keeps a tie
       best_key = key[s];
-      best_id = uint32_t(s * 32 + lane);
-      best_val = val[s];
+      best_slot = s;
     }
   }
   const uint32_t top = __reduce_max_sync(kFullMask, best_key);
-  const uint32_t win = __reduce_min_sync(kFullMask, best_key == top ? best_id : kNoId);
-  win_val = __shfl_sync(kFullMask, best_val, int(win & 31u));
+  const int win_lane = __ffs(__ballot_sync(kFullMask, best_key == top)) - 1;
+  float best_val = val[0];
+#pragma unroll
+  for (int s = 1; s < V; ++s) best_val = best_slot == s ? val[s] : best_val;
+  // No candidate left anywhere (top == kNotCandidate): no id, nothing removed.
+  const uint32_t best_id = best_key != kNotCandidate ? uint32_t(expert_of<V>(best_slot, lane)) : kNoId;
+  win_val = __shfl_sync(kFullMask, best_val, win_lane);
+  const uint32_t win = __shfl_sync(kFullMask, best_id, win_lane);
 #pragma unroll
   for (int s = 0; s < V; ++s)
-    if (uint32_t(s * 32 + lane) == win) key[s] = kNotCandidate;
+    if (lane == win_lane && s == best_slot) key[s] = kNotCandidate;
   return win;
 }
 
@@ -87,7 +102,7 @@ __device__ __forceinline__ void keep_best_groups(uint32_t (&key)[V], const float
   uint8_t* kept = s_kept[warp];
 #pragma unroll
   for (int s = 0; s < V; ++s) {
-    const int e = s * 32 + lane;
+    const int e = expert_of<V>(s, lane);
     if (e < experts) score[e] = b[s];
   }
   __syncwarp();
@@ -164,7 +179,7 @@ __device__ __forceinline__ void keep_best_groups(uint32_t (&key)[V], const float
   __syncwarp();
 #pragma unroll
   for (int s = 0; s < V; ++s) {
-    const int e = s * 32 + lane;
+    const int e = expert_of<V>(s, lane);
     if (e < experts && !kept[uint32_t(e) / uint32_t(group_size)]) key[s] = kNotCandidate;
   }
 }
@@ -188,12 +203,25 @@ __device__ __forceinline__ bool route_one_token(const RouteTopkParams& p, int64_
 
   float x[V];
   bool has_nan = false;
+  // A lane's slots are contiguous: 16-byte loads when its whole range is inside an aligned row.
+  bool vector_loads = false;
+  if constexpr (V % 4 == 0)
+    vector_loads = (lane + 1) * V <= experts && (reinterpret_cast<uintptr_t>(row) % 16) == 0;
+  if (vector_loads) {
 #pragma unroll
-  for (int s = 0; s < V; ++s) {
-    const int e = s * 32 + lane;
-    x[s] = e < experts ? row[e] : 0.0f;
-    has_nan |= e < experts && isnan(x[s]);
+    for (int s = 0; s < V; s += 4) {
+      const float4 v = *reinterpret_cast<const float4*>(row + expert_of<V>(s, lane));
+      x[s] = v.x, x[s + 1] = v.y, x[s + 2] = v.z, x[s + 3] = v.w;
+    }
+  } else {
+#pragma unroll
+    for (int s = 0; s < V; ++s) {
+      const int e = expert_of<V>(s, lane);
+      x[s] = e < experts ? row[e] : 0.0f;
+    }
   }
+#pragma unroll
+  for (int s = 0; s < V; ++s) has_nan |= expert_of<V>(s, lane) < experts && isnan(x[s]);
   has_nan = __any_sync(kFullMask, has_nan);
   if (token == 0 && lane == 0) LOOM_TRACE(kRankLoaded);
 
@@ -215,7 +243,7 @@ __device__ __forceinline__ bool route_one_token(const RouteTopkParams& p, int64_
     float cmax = -INFINITY;
 #pragma unroll
     for (int s = 0; s < V; ++s) {
-      const bool valid = s * 32 + lane < experts;
+      const bool valid = expert_of<V>(s, lane) < experts;
       key[s] = valid ? rank_key<true>(x[s]) : kNotCandidate;
       cmax = valid ? fmaxf(cmax, c[s]) : cmax;  // fmaxf skips NaN
     }
@@ -233,7 +261,7 @@ __device__ __forceinline__ bool route_one_token(const RouteTopkParams& p, int64_
     if (!p.routing.renormalize) {
       float part = 0.0f;
 #pragma unroll
-      for (int s = 0; s < V; ++s) part += s * 32 + lane < experts ? mass(c[s]) : 0.0f;
+      for (int s = 0; s < V; ++s) part += expert_of<V>(s, lane) < experts ? mass(c[s]) : 0.0f;
       denominator = warp_sum(part);
     }
 
@@ -260,7 +288,7 @@ __device__ __forceinline__ bool route_one_token(const RouteTopkParams& p, int64_
     float b[V];
 #pragma unroll
     for (int s = 0; s < V; ++s) {
-      const int e = s * 32 + lane;
+      const int e = expert_of<V>(s, lane);
       const bool valid = e < experts;
       const float bias = valid && p.bias ? p.bias[e] : 0.0f;
       b[s] = 1.0f / (1.0f + expf(-x[s])) + bias;  // NaN logit or bias -> NaN -> ranks last

@@ -1,15 +1,15 @@
 // Routing kernel: one warp per token, kWarpsPerCta tokens per CTA.
 //
-// Lane l holds experts l, l + 32, l + 64, ... (slot s = expert / 32): V = ceil(E / 32) rounded up to
-// a power of two, at most 16 scores per lane, all in registers. Loads of one slot are coalesced.
+// Lane l holds experts l * V .. l * V + V - 1 (slot s = expert % V): V = ceil(E / 32) rounded up to
+// a power of two, at most 16 scores per lane, all in registers, loaded 16 bytes at a time.
 //
 // Ranking: every expert gets a 32-bit key, larger = better, that encodes the route_ref order:
 //   number -> its IEEE bits made monotone (-0 folded onto +0, so the two tie like in the reference),
 //   NaN    -> 1 (below -inf, whose key is 0x007fffff),
 //   0      -> not a candidate (padding, already chosen, or outside the kept groups).
 // Top-k is k rounds of a warp arg-max: each lane finds its best slot (strict >, slots in ascending
-// id order, so the lower id wins a tie), then redux.sync max over the keys and redux.sync min over
-// the ids of the lanes holding that key give the winner, which its lane removes. Slot r of the
+// id order, so the lower id wins a tie), then redux.sync max over the keys gives the best key and a
+// ballot the lowest lane holding it (lower lanes hold lower ids): the winner, which its lane removes. Slot r of the
 // output is kept by lane r (k <= 16 < 32), and lanes 0..k-1 store ids and weights coalesced.
 //
 // Sigmoid groups go through shared memory (per warp: the biased scores, then one kept flag per
