@@ -19,7 +19,7 @@ namespace {
 // (half the CTAs rebuild the layout for the same work).
 constexpr int kNarrowThreads = 512, kWideThreads = 1024;
 constexpr int64_t kWideMinTokens = 1024;
-constexpr int kIdBatch = 8;                   // top-k id loads in flight per thread
+constexpr int kIdBatch = 8;                   // top-k id (or token mask) loads in flight per thread
 constexpr int kMaxWarps = 32;
 constexpr int kFusedMaxExperts = 512;         // one expert per thread in the offset scan
 constexpr size_t kMaxSmemBytes = 160 * 1024;  // masks + prefixes of E x ceil(T/32) words each
@@ -51,7 +51,9 @@ struct RowsFromMasks {
   }
 };
 
-template <int kThreads>
+// kMasks: DispatchParams::token_masks given (copied, not counted): a kernel of its own, so the
+// counting kernel's code and registers stay as they were.
+template <int kThreads, bool kMasks>
 __global__ void __launch_bounds__(kThreads)
     dispatch_quant_kernel(const DispatchParams dp, const QuantGatherParams qp, int quantise_early) {
   constexpr int kWarps = kThreads / 32;
@@ -68,7 +70,8 @@ __global__ void __launch_bounds__(kThreads)
   s.warp_base = s.offsets + E + 1;
   s.counters = s.warp_base + kMaxWarps;
   if (threadIdx.x == 0) LOOM_TRACE(kDqStart);
-  for (int i = threadIdx.x; i < E * words; i += kThreads) s.masks[i] = 0u;
+  if (!kMasks)
+    for (int i = threadIdx.x; i < E * words; i += kThreads) s.masks[i] = 0u;
   if (threadIdx.x < 2) s.counters[threadIdx.x] = 0;
   // quantise_early: the kernel before this one (the routing) triggers its dependents only after its
   // own PDL wait, so everything before it has completed by now: the hidden rows (which the routing
@@ -94,9 +97,27 @@ __global__ void __launch_bounds__(kThreads)
   __syncthreads();
 
   const bool writer = blockIdx.x == 0;
-  // Every CTA reads all ids: kIdBatch loads in flight per thread before their shared atomics.
   int dropped = 0;
-  for (int64_t base = 0; base < R; base += int64_t(kThreads) * kIdBatch) {
+  if constexpr (kMasks) {
+    // The routing kernel wrote the masks: every CTA copies them (as many words as T*k/8 ids at
+    // E = 256), kIdBatch loads in flight per thread, no shared atomics.
+    const int n = E * words;
+    for (int base = 0; base < n; base += kThreads * kIdBatch) {
+      uint32_t m[kIdBatch];
+#pragma unroll
+      for (int b = 0; b < kIdBatch; ++b) {
+        const int i = base + b * kThreads + int(threadIdx.x);
+        m[b] = i < n ? __ldg(dp.token_masks + i) : 0u;
+      }
+#pragma unroll
+      for (int b = 0; b < kIdBatch; ++b) {
+        const int i = base + b * kThreads + int(threadIdx.x);
+        if (i < n) s.masks[i] = m[b];
+      }
+    }
+  }
+  // Otherwise every CTA reads all ids: kIdBatch loads in flight per thread before their shared atomics.
+  for (int64_t base = 0; !kMasks && base < R; base += int64_t(kThreads) * kIdBatch) {
     int32_t e[kIdBatch];
 #pragma unroll
     for (int b = 0; b < kIdBatch; ++b) {
@@ -157,7 +178,11 @@ __global__ void __launch_bounds__(kThreads)
   const int offset = s.warp_base[warp] + incl - count;
   if (int(threadIdx.x) < E) {
     s.offsets[threadIdx.x] = offset;
-    if (int(threadIdx.x) == E - 1) s.offsets[E] = offset + count;
+    if (int(threadIdx.x) == E - 1) {
+      s.offsets[E] = offset + count;
+      // From masks, a route outside [0, E) has no bit: the routes without a row are the dropped ones.
+      if (kMasks) s.counters[1] = int(R - (offset + count));
+    }
   }
   __syncthreads();
   if (threadIdx.x == 0) LOOM_TRACE(kDqLayout);
@@ -213,13 +238,14 @@ void launch_dispatch_quant(const DispatchParams& dp, const QuantGatherParams& qp
     throw Error(who + "the quantisation must gather into this dispatch's sorted rows");
   const int words = (dp.tokens + 31) / 32;
   const size_t smem = Smem::bytes(dp.experts, words);
-  const bool wide = dp.tokens >= kWideMinTokens;
-  auto* kernel = wide ? dispatch_quant_kernel<kWideThreads> : dispatch_quant_kernel<kNarrowThreads>;
+  const bool wide = dp.tokens >= kWideMinTokens, masks = dp.token_masks != nullptr;
+  auto* kernel = wide ? (masks ? dispatch_quant_kernel<kWideThreads, true> : dispatch_quant_kernel<kWideThreads, false>)
+                      : (masks ? dispatch_quant_kernel<kNarrowThreads, true> : dispatch_quant_kernel<kNarrowThreads, false>);
   const int threads = wide ? kWideThreads : kNarrowThreads;
-  static bool configured[2] = {false, false};
-  if (!configured[wide]) {
+  static bool configured[2][2] = {{false, false}, {false, false}};
+  if (!configured[wide][masks]) {
     LOOM_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(kMaxSmemBytes)));
-    configured[wide] = true;
+    configured[wide][masks] = true;
   }
   // As many CTAs as the quantisation has work for, at most grid_ctas (each builds the layout once).
   const int64_t needed = (quant_gather_threads(qp) + threads - 1) / threads;

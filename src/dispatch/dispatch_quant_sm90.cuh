@@ -2,8 +2,9 @@
 // that come from the routing kernel (each token's k ids are distinct, so an expert's routes are a
 // set of tokens).
 //
-// Every CTA builds the whole layout in shared memory from the top-k ids: a bit mask of tokens per
-// expert, per-32-token prefix popcounts, and the expert offsets (a scan over experts). A route's
+// Every CTA builds the whole layout in shared memory: a bit mask of tokens per expert (counted from
+// the top-k ids, or copied from the routing kernel's token masks when DispatchParams::token_masks is
+// given), per-32-token prefix popcounts, and the expert offsets (a scan over experts). A route's
 // sorted row is then offsets[e] + the number of lower tokens in e's mask, exactly dispatch_ref's
 // stable order, so each CTA knows every row without waiting for another. The grid writes the
 // dispatch outputs (route_row, row_token, row_weight: each route once; CTA 0 the offsets and

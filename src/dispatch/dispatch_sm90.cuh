@@ -36,6 +36,10 @@ struct DispatchParams {
   // them, ascending: the GEMM's compact unit walk reads it instead of scanning the offsets. Only
   // the fused small-batch kernel writes it (launch_route_dispatch_small); others ignore it.
   int4* hit_list = nullptr;
+  // Optional [ceil(T/32), E] token masks of these routes (RouteTopkParams::token_masks): the fused
+  // dispatch+quantise kernel loads them instead of counting the ids (then dropped routes are
+  // R - rows); other kernels ignore them.
+  const uint32_t* token_masks = nullptr;
 };
 
 // How launch_dispatch runs one shape (for plan descriptions, tests and benchmarks).

@@ -2,6 +2,7 @@
 // written down once; every kernel, launcher and test uses these names.
 //
 //   route      logits[T,E] (+bias[E])         -> topk_ids[T,k], topk_weights[T,k], nan_flags[T]
+//                                                (+ token_masks[ceil(T/32),E] for dispatch+quantise)
 //   dispatch   topk_ids, topk_weights, nan_flags -> offsets[E+1], route_row[T*k],
 //                                                  row_token[R], row_weight[R], status
 //   quantize   hidden[T,H] bf16 -> x, x_scales in one of two layouts (GemmFp8Config::x_source):

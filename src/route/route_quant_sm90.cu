@@ -12,7 +12,7 @@ namespace loom {
 
 namespace {
 
-constexpr int kWarpsPerCta = 4;  // as the routing kernel: one token per warp
+constexpr int kWarpsPerCta = 4;  // one token per warp
 constexpr int kThreads = kWarpsPerCta * 32;
 
 template <int V, bool kSigmoid>

@@ -29,6 +29,10 @@ struct RouteTopkParams {
   int32_t* topk_ids = nullptr;    // [T, k]
   float* topk_weights = nullptr;  // [T, k]
   uint8_t* nan_flags = nullptr;   // [T]: 1 if the token has any NaN logit, else 0
+  // Optional [ceil(T/32), E]: bit t % 32 of word (t / 32, e) = token t routes to expert e (the
+  // dispatch+quantise kernel's token masks, so it need not count the ids). Every word is written,
+  // bits of tokens >= T are 0. The routing's ids are always distinct and in [0, E).
+  uint32_t* token_masks = nullptr;
   int tokens = 0, experts = 0, topk = 0;
   Routing routing;
 };

@@ -2,7 +2,8 @@
 // followed by the gathering quantise kernel write (each checked against its CPU reference by its own
 // tests), for any grid size: offsets, route_row, row_token, row_weight, status, FP8 codes, scales and
 // the cleared output and words, bit for bit, with dropped ids and NaN flags in the input, whether the first
-// pass is quantised before or after the kernel's PDL wait.
+// pass is quantised before or after the kernel's PDL wait, and whether it counts the ids or is given
+// their token masks.
 #include <gtest/gtest.h>
 
 #include <cstring>
@@ -34,11 +35,13 @@ struct Outputs {
 
 // grid 0: the two-kernel reference path. early: the fused kernel quantises its first pass and clears
 // the output before its PDL wait (as after the routing kernel; here nothing precedes it).
+// masks: the token masks of the ids (as the routing kernel writes them), or nullptr (count the ids).
 Outputs run_once(int grid, bool early, const DeviceBuffer& ids, const DeviceBuffer& wts, const DeviceBuffer& flags,
-                 const DeviceBuffer& hidden, int T, int E, int k, int H) {
+                 const DeviceBuffer& hidden, int T, int E, int k, int H, const uint32_t* masks = nullptr) {
   test::DispatchOutputs d(T, k, E, 0x7f);
   test::QuantOutputs q(padded_rows(int64_t(T) * k), H, T, 48, 0x7f);
-  const DispatchParams dp = d.params(ids.as<int32_t>(), wts.as<float>(), flags.as<uint8_t>());
+  DispatchParams dp = d.params(ids.as<int32_t>(), wts.as<float>(), flags.as<uint8_t>());
+  dp.token_masks = masks;
   QuantGatherParams qp = q.params(hidden.as<uint16_t>(), dp.route_row, T, H, k);
   DeviceBuffer words(2 * sizeof(int32_t));
   LOOM_CUDA_CHECK(cudaMemset(words.get(), 0x7f, words.bytes()));
@@ -89,9 +92,24 @@ TEST(DispatchQuantGpu, MatchesDispatchThenQuantiseBitForBit) {
     const DeviceBuffer did = DeviceBuffer::from(ids), dwt = DeviceBuffer::from(routes.topk.weights),
                        dfl = DeviceBuffer::from(flags), dh = DeviceBuffer::from(hidden);
     const Outputs want = run_once(0, false, did, dwt, dfl, dh, T, E, k, H);
-    for (const auto& [grid, early] : {std::pair{1, false}, std::pair{3, true}, std::pair{sms, false}, std::pair{sms, true}}) {
-      SCOPED_TRACE(testing::Message() << "grid " << grid << (early ? ", quantised before the wait" : ""));
-      const Outputs got = run_once(grid, early, did, dwt, dfl, dh, T, E, k, H);
+    // The token masks of these ids (the dropped ones have no bit), as the routing kernel writes them.
+    std::vector<uint32_t> masks(size_t((T + 31) / 32) * size_t(E), 0u);
+    for (int t = 0; t < T; ++t)
+      for (int j = 0; j < k; ++j) {
+        const int32_t e = ids[size_t(t * k + j)];
+        if (e >= 0 && e < E) masks[size_t((t / 32) * E + e)] |= 1u << (t % 32);
+      }
+    const DeviceBuffer dmasks = DeviceBuffer::from(masks);
+    struct Run {
+      int grid;
+      bool early, with_masks;
+    };
+    for (const auto& [grid, early, with_masks] : {Run{1, false, false}, Run{3, true, false}, Run{sms, false, false},
+                                                  Run{sms, true, false}, Run{3, true, true}, Run{sms, true, true}}) {
+      SCOPED_TRACE(testing::Message() << "grid " << grid << (early ? ", quantised before the wait" : "")
+                                      << (with_masks ? ", token masks given" : ""));
+      const Outputs got =
+          run_once(grid, early, did, dwt, dfl, dh, T, E, k, H, with_masks ? dmasks.as<uint32_t>() : nullptr);
       const int rows = want.offsets.back();
       EXPECT_EQ(got.offsets, want.offsets);
       EXPECT_EQ(got.route_row, want.route_row);

@@ -260,12 +260,32 @@ RouteTopkParams params(const Problem& pr, const DeviceBuffer& logits, const Devi
   return p;
 }
 
+// With pdl the run also writes the token masks (RouteTopkParams::token_masks, poisoned first), which
+// must be exactly the masks of the ids it wrote, with no bits for the padding tokens of the last word.
 GpuOutput run_gpu(const Problem& pr, bool pdl) {
   const DeviceBuffer logits = DeviceBuffer::from(pr.logits), bias = DeviceBuffer::from(pr.bias);
   const Outputs out(pr.tokens, pr.topk);
-  launch_route_topk(params(pr, logits, bias, out), nullptr, pdl);
+  const int64_t words = (pr.tokens + 31) / 32, mask_words = words * pr.experts;
+  DeviceBuffer masks(size_t(std::max<int64_t>(mask_words, 1)) * 4);
+  LOOM_CUDA_CHECK(cudaMemset(masks.get(), 0xa5, masks.bytes()));
+  RouteTopkParams p = params(pr, logits, bias, out);
+  if (pdl) p.token_masks = masks.as<uint32_t>();
+  launch_route_topk(p, nullptr, pdl);
   LOOM_CUDA_CHECK(cudaDeviceSynchronize());
-  return out.fetch();
+  GpuOutput got = out.fetch();
+  if (pdl && mask_words > 0) {
+    std::vector<uint32_t> want(size_t(mask_words), 0u);
+    for (int64_t t = 0; t < pr.tokens; ++t)
+      for (int64_t j = 0; j < pr.topk; ++j) {
+        const int32_t e = got.ids[size_t(t * pr.topk + j)];
+        if (e >= 0 && e < pr.experts) want[size_t((t / 32) * pr.experts + e)] |= 1u << (t % 32);
+      }
+    const std::vector<uint32_t> have = masks.to_host<uint32_t>();
+    int64_t wrong = 0;
+    for (size_t i = 0; i < want.size(); ++i) wrong += have[i] != want[i];
+    EXPECT_EQ(wrong, 0) << pr.str() << ": token mask words differ from the masks of the ids";
+  }
+  return got;
 }
 
 // ---------------------------------------------------------------------------------------------
