@@ -25,10 +25,10 @@ namespace loom {
 
 namespace {
 
-// Buffers start on 1 KiB boundaries (TMA needs 16 B; 1 KiB keeps every carve-up simple).
 // Routes from which the routing kernel hands dispatch+quantise its token masks (see chain_for).
 constexpr int64_t kTokenMasksMinRoutes = 4096;
 
+// Buffers start on 1 KiB boundaries (TMA needs 16 B; 1 KiB keeps every carve-up simple).
 size_t carve(size_t& cursor, size_t bytes) {
   const size_t at = cursor;
   cursor += (bytes + 1023) / 1024 * 1024;

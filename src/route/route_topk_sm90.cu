@@ -9,8 +9,9 @@
 //   0      -> not a candidate (padding, already chosen, or outside the kept groups).
 // Top-k is k rounds of a warp arg-max: each lane finds its best slot (strict >, slots in ascending
 // id order, so the lower id wins a tie), then redux.sync max over the keys gives the best key and a
-// ballot the lowest lane holding it (lower lanes hold lower ids): the winner, which its lane removes. Slot r of the
-// output is kept by lane r (k <= 16 < 32), and lanes 0..k-1 store ids and weights coalesced.
+// ballot the lowest lane holding it (lower lanes hold lower ids): the winner, which its lane
+// removes. Slot r of the output is kept by lane r (k <= 16 < 32), and lanes 0..k-1 store ids and
+// weights coalesced.
 //
 // Sigmoid groups go through shared memory (per warp: the biased scores, then one kept flag per
 // group): L lanes per group (the largest power of two with n_group * L <= 32) gather each group's
