@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <type_traits>
 
 #include "common/chain_trace.cuh"
 #include "common/cuda_check.hpp"
@@ -26,13 +27,16 @@ constexpr int kBlockK = 128;       // K per pipeline stage: exactly one scale bl
 constexpr int kBlockM = 128;       // weight rows per unit: two consumer warpgroups of 64
 constexpr int kMaxChunk = 128;     // widest token chunk (the MMA's N)
 constexpr int kWidthCount = 4;     // chunk widths 16, 32, 64, 128
-constexpr int kStages = 6;
+// Pipeline depth per epilogue mode: the hand-off epilogue's staging (a whole 128 x 128 fp32 chunk
+// result) takes the shared memory of two stages.
+constexpr int kStagesInline = 6, kStagesHandoff = 4;
 constexpr int kThreads = 384;      // warpgroup 0: producer (TMA + cp.async gather); 1 and 2: MMA consumers
 constexpr int kProducerThreads = 128;
 constexpr int kConsumerWarps = 8;
 constexpr int kEpilogueCols = 32;  // token columns staged per epilogue pass
 constexpr int kEpilogueStride = 64 + 4;  // floats per staged column: +4 makes the quad writes conflict-free
 constexpr int kGatherBarrier = 3;  // named barrier of the producer warpgroup (0: __syncthreads, 1-2: consumers)
+constexpr int kEpilogueWarps = 3;  // hand-off epilogue: producer warps 1-3 (warp 0 issues the TMA loads)
 // Sorted rows come by TMA, whose global start address must be 16-byte aligned: an activation-scale
 // box therefore starts at the row rounded down to a multiple of 4 and carries 4 extra floats.
 constexpr int kScaleAlign = 4;
@@ -96,13 +100,34 @@ struct KernelArgs {
   const int4* hit_list;
 };
 
+// Epilogue in the consumers: each consumer warpgroup stages 32 token columns of its 64 weight rows
+// at a time, then reduces them into the output itself.
+struct InlineEpilogue {
+  float cols[2][kEpilogueCols][kEpilogueStride];
+  float chunk_weight[2][kMaxChunk];  // top-k weight and token of each of the chunk's rows
+  int32_t chunk_token[2][kMaxChunk];
+};
+
+// Hand-off epilogue (sorted rows): the consumers stage the whole chunk result once and go on to
+// the next chunk's MMAs; the producer warpgroup's spare warps weight it and reduce it into the
+// output meanwhile, so the tensor cores do not idle through the epilogue.
+struct HandoffEpilogue {
+  float cols[2][kMaxChunk][kEpilogueStride];  // [consumer][token column][weight row]
+  float row_weight[kMaxChunk];                // top-k weight and token of each of the chunk's rows
+  int32_t row_token[kMaxChunk];
+  int4 chunk;  // (first sorted row, rows, 128-row block, 0); rows < 0: the consumers are done
+  uint64_t full;   // every consumer thread, after its stores
+  uint64_t empty;  // every epilogue thread, after its reads
+};
+
+template <int kStagesT, bool kHandoffT>
 struct alignas(1024) SharedStorage {
+  static constexpr int kStages = kStagesT;
+  static constexpr bool kHandoff = kHandoffT;
   uint8_t w[kStages][kWTileBytes];
   uint8_t x[kStages][kXTileBytes];
   float xs[kStages][kXsStride];       // activation scale of each chunk row for the stage's K block
-  float epilogue[2][kEpilogueCols][kEpilogueStride];
-  float chunk_weight[2][kMaxChunk];   // top-k weight and token of each of the chunk's rows
-  int32_t chunk_token[2][kMaxChunk];
+  std::conditional_t<kHandoff, HandoffEpilogue, InlineEpilogue> epi;
   int32_t gather_token[kMaxChunk];    // producer: token of each row of the chunk being loaded, -1 past its end
   uint64_t full[kStages];
   uint64_t empty[kStages];
@@ -117,10 +142,16 @@ struct alignas(1024) SharedStorage {
   int32_t hit_count;
   int32_t chunk_hits[kMaxHitExperts / 32];
 };
-static_assert(sizeof(SharedStorage) + 1024 <= 227 * 1024, "shared memory budget of one sm_90 CTA");
+using InlineStorage = SharedStorage<kStagesInline, false>;
+using HandoffStorage = SharedStorage<kStagesHandoff, true>;
+static_assert(sizeof(InlineStorage) + 1024 <= 227 * 1024, "shared memory budget of one sm_90 CTA");
+static_assert(sizeof(HandoffStorage) + 1024 <= 227 * 1024, "shared memory budget of one sm_90 CTA");
+static_assert(kEpilogueStride % 4 == 0, "staged columns start on 16 bytes (float4 reads, bulk reductions)");
+static_assert(kBlockM == 32 * 4, "hand-off epilogue: one lane per 4 output columns of a 128-row block");
 
 __host__ __device__ constexpr int width_index(int rows) { return rows <= 16 ? 0 : rows <= 32 ? 1 : rows <= 64 ? 2 : 3; }
 
+template <int kStages>
 struct PipelineState {
   uint32_t stage = 0, phase = 0;
   __device__ void advance() {
@@ -137,13 +168,15 @@ struct Unit {
   int slot;  // compact mode: the expert's index in the hit list
 };
 
-__device__ __forceinline__ int unit_count(const SharedStorage& s, const KernelArgs& a) {
+template <class S>
+__device__ __forceinline__ int unit_count(const S& s, const KernelArgs& a) {
   return (a.dense ? a.experts : s.hit_count) * a.nblocks * a.split_k;
 }
 
 // Consecutive units share an expert (then its 128-row blocks, then K ranges), so CTAs running at
 // the same time read the same activation rows.
-__device__ __forceinline__ Unit decode_unit(const SharedStorage& s, const KernelArgs& a, int u) {
+template <class S>
+__device__ __forceinline__ Unit decode_unit(const S& s, const KernelArgs& a, int u) {
   const int per_expert = a.nblocks * a.split_k;
   const int slot = u / per_expert, rem = u - slot * per_expert;
   Unit unit;
@@ -177,7 +210,8 @@ struct WorkCursor {
       end = units;
     }
   }
-  __device__ bool next(const SharedStorage& s, const KernelArgs& a, Unit& unit) {
+  template <class S>
+  __device__ bool next(const S& s, const KernelArgs& a, Unit& unit) {
     if (pos >= end) return false;
     if (!a.balanced) {
       unit = decode_unit(s, a, pos);
@@ -195,7 +229,8 @@ struct WorkCursor {
 
 // Compact mode: the experts with at least one row, in ascending order (ballot per 32 experts,
 // then a prefix over the per-32 counts). Every CTA builds the same list.
-__device__ __forceinline__ void build_hit_list(SharedStorage& s, const KernelArgs& a) {
+template <class S>
+__device__ __forceinline__ void build_hit_list(S& s, const KernelArgs& a) {
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, warps = blockDim.x / 32;
   const int chunks = (a.experts + 31) / 32;
   for (int c = warp; c < chunks; c += warps) {
@@ -221,7 +256,8 @@ __device__ __forceinline__ void build_hit_list(SharedStorage& s, const KernelArg
 // (entries past the count are stale and never read). Measured e2e with vs without (same binary,
 // x3): T=1 13.6 / 13.7 / 14.0 vs 14.2 / 14.2 / 14.1, T=8 25.3 / 25.1 / 25.2 vs 25.5 / 25.9 / 25.9,
 // T=32 49.4 / 49.6 / 49.5 vs 50.1 / 50.0 / 49.9 us (the trace's "units known" 0.4 us earlier).
-__device__ __forceinline__ void load_hit_list(SharedStorage& s, const KernelArgs& a) {
+template <class S>
+__device__ __forceinline__ void load_hit_list(S& s, const KernelArgs& a) {
   for (int i = threadIdx.x; i <= a.experts; i += blockDim.x) {
     const int4 h = __ldg(a.hit_list + i);
     if (i == 0) {
@@ -236,7 +272,8 @@ __device__ __forceinline__ void load_hit_list(SharedStorage& s, const KernelArgs
 
 // A unit's expert rows: from the hit list in shared memory when there is one (no global round
 // trip before the unit's first load), else from the offsets.
-__device__ __forceinline__ void unit_rows(const SharedStorage& s, const KernelArgs& a, const Unit& unit, int& row_begin,
+template <class S>
+__device__ __forceinline__ void unit_rows(const S& s, const KernelArgs& a, const Unit& unit, int& row_begin,
                                           int& rows) {
   if (!a.dense && a.hit_list != nullptr) {
     const int2 r = s.hit_range[unit.slot];
@@ -250,8 +287,8 @@ __device__ __forceinline__ void unit_rows(const SharedStorage& s, const KernelAr
 
 // Waits for a stage and issues its four k32 MMAs into `acc` (overwriting it: scale-d = 0 first).
 // accumulate: add onto acc (the in-place rescale variant) instead of overwriting it.
-template <int W>
-__device__ __forceinline__ void issue_block(SharedStorage& s, float (&acc)[W / 2], uint32_t stage, uint32_t phase,
+template <int W, class S>
+__device__ __forceinline__ void issue_block(S& s, float (&acc)[W / 2], uint32_t stage, uint32_t phase,
                                             int consumer, bool gather, bool accumulate = false) {
   ptx::mbar_wait(&s.full[stage], phase);
   // A gathered activation tile arrived through cp.async (generic proxy); wgmma reads it through
@@ -272,8 +309,8 @@ __device__ __forceinline__ void issue_block(SharedStorage& s, float (&acc)[W / 2
 
 // Once `acc`'s group is done (kPending newer groups may stay in flight): read the stage's
 // activation scales, release the stage, promote final += acc * weight_scale * activation_scale.
-template <int W, int kPending>
-__device__ __forceinline__ void promote_block(SharedStorage& s, float (&acc)[W / 2], float (&final_acc)[W / 2],
+template <int W, int kPending, class S>
+__device__ __forceinline__ void promote_block(S& s, float (&acc)[W / 2], float (&final_acc)[W / 2],
                                               uint32_t stage, int scale_shift, float sw) {
   const int lane = threadIdx.x % 32, q = lane % 4;
   ptx::wgmma_wait_group<kPending>();
@@ -298,16 +335,161 @@ __device__ __forceinline__ void promote_block(SharedStorage& s, float (&acc)[W /
   }
 }
 
+// Stores the accumulator fragment's token columns 8 j0 .. 8 j0 + kCols - 1 as staged columns
+// 0 .. kCols - 1 of 64 weight rows (m64nWk32 layout: a thread holds rows r and r + 8, columns c and
+// c + 1 of each 8-column group). With the stride of 68 floats, a warp's stores hit 32 banks.
+template <int kCols, int W>
+__device__ __forceinline__ void stage_fragment(float (*cols)[kEpilogueStride], const float (&final_acc)[W / 2],
+                                               int j0) {
+  const int lane = threadIdx.x % 32, warp_in_wg = (threadIdx.x / 32) % 4, g = lane / 4, q = lane % 4;
+#pragma unroll
+  for (int jj = 0; jj < kCols / 8; ++jj) {
+    const int j = j0 + jj, c = 8 * jj + 2 * q, r = 16 * warp_in_wg + g;
+    cols[c][r] = final_acc[4 * j + 0];
+    cols[c + 1][r] = final_acc[4 * j + 1];
+    cols[c][r + 8] = final_acc[4 * j + 2];
+    cols[c + 1][r + 8] = final_acc[4 * j + 3];
+  }
+}
+
+// Epilogue in the consumers: stage 32 token columns x 64 weight rows through shared memory so each
+// thread then owns 4 consecutive outputs of one token row (one 16-byte vector reduction or store).
+template <int W, class S>
+__device__ __forceinline__ void epilogue_in_consumers(S& s, const KernelArgs& a, const float (&final_acc)[W / 2],
+                                                      int row0, int chunk_rows, int nb, int consumer, float row_w,
+                                                      int32_t row_t) {
+  const int wg_row = threadIdx.x % 128;
+  const uint32_t barrier_id = 1 + consumer, wg_thread = threadIdx.x % 128;
+  float(*stage_cols)[kEpilogueStride] = s.epi.cols[consumer];
+  // Published by the first barrier below; overwritten only after the chunk's last barrier.
+  s.epi.chunk_weight[consumer][wg_row] = row_w;
+  s.epi.chunk_token[consumer][wg_row] = row_t;
+#pragma unroll
+  for (int cg = 0; cg < (W + kEpilogueCols - 1) / kEpilogueCols; ++cg) {
+    constexpr int kGroupCols = W < kEpilogueCols ? W : kEpilogueCols;
+    stage_fragment<kGroupCols, W>(stage_cols, final_acc, cg * (kEpilogueCols / 8));
+    ptx::named_barrier_sync(barrier_id, 128);
+    if (a.bulk_combine) {
+      // One thread per token column: weight its 64 staged outputs, then one bulk reduction of
+      // 256 bytes into the token's output row (the async proxy reads the staging area).
+      const int col = int(wg_thread), chunk_col = cg * kEpilogueCols + col, n0 = nb * kBlockM + consumer * 64;
+      if (col < kGroupCols && chunk_col < chunk_rows && n0 < a.n) {
+        const float w = s.epi.chunk_weight[consumer][chunk_col];
+        float4* v = reinterpret_cast<float4*>(stage_cols[col]);
+#pragma unroll
+        for (int i = 0; i < 16; ++i) v[i] = make_float4(w * v[i].x, w * v[i].y, w * v[i].z, w * v[i].w);
+        ptx::fence_proxy_async_shared();
+        const int token = s.epi.chunk_token[consumer][chunk_col];
+        ptx::bulk_reduce_add_f32(a.out + int64_t(token) * a.n + n0, stage_cols[col], uint32_t(min(64, a.n - n0)) * 4u);
+        ptx::bulk_commit();
+        ptx::bulk_wait_read();
+      }
+    } else
+    for (int item = wg_thread; item < kGroupCols * 16; item += 128) {
+      const int col = item / 16, quad = item % 16;
+      const int chunk_col = cg * kEpilogueCols + col;
+      const int n = nb * kBlockM + consumer * 64 + 4 * quad;
+      if (chunk_col < chunk_rows && n < a.n) {
+        const int row = row0 + chunk_col;
+        const float w = s.epi.chunk_weight[consumer][chunk_col];
+        const float4 v = *reinterpret_cast<const float4*>(&stage_cols[col][4 * quad]);
+        if (a.atomic) {
+          const int token = s.epi.chunk_token[consumer][chunk_col];
+          ptx::red_add_v4_f32(a.out + int64_t(token) * a.n + n, w * v.x, w * v.y, w * v.z, w * v.w);
+        } else {
+          *reinterpret_cast<float4*>(a.out + int64_t(row) * a.n + n) = make_float4(w * v.x, w * v.y, w * v.z, w * v.w);
+        }
+      }
+    }
+    // The next pass (or chunk) overwrites the staging area.
+    ptx::named_barrier_sync(barrier_id, 128);
+  }
+}
+
+// Hand-off epilogue, consumer side: once the epilogue warps have read the previous chunk's staging,
+// store this chunk's result there (with its rows' weights and tokens), publish it, and go on.
+template <int W, class S>
+__device__ __forceinline__ void stage_for_epilogue_warps(S& s, const float (&final_acc)[W / 2], uint32_t& phase,
+                                                         int row0, int chunk_rows, int nb, int consumer, float row_w,
+                                                         int32_t row_t) {
+  ptx::mbar_wait(&s.epi.empty, phase ^ 1);
+  stage_fragment<W, W>(s.epi.cols[consumer], final_acc, 0);
+  if (consumer == 0) {
+    const int wg_row = threadIdx.x % 128;
+    s.epi.row_weight[wg_row] = row_w;
+    s.epi.row_token[wg_row] = row_t;
+    if (wg_row == 0) s.epi.chunk = make_int4(row0, chunk_rows, nb, 0);
+  }
+  ptx::mbar_arrive(&s.epi.full);  // release: publishes this thread's stores
+  phase ^= 1;
+}
+
+// Hand-off epilogue, consumer side, after the last chunk: tell the epilogue warps to stop.
+template <class S>
+__device__ __forceinline__ void end_epilogue_warps(S& s, uint32_t phase) {
+  ptx::mbar_wait(&s.epi.empty, phase ^ 1);
+  if (threadIdx.x % 256 == 128) s.epi.chunk = make_int4(0, -1, 0, 0);
+  ptx::mbar_arrive(&s.epi.full);
+}
+
+// Hand-off epilogue, epilogue-warp side: for each chunk the consumers publish, weight its staged
+// token columns and add them into the output rows (store them, in store mode). Warp w takes the
+// columns w, w + 3, ...; lane l the output columns 4l..4l+3 of the 128-row block, so each warp
+// instruction covers a 512-byte segment of one output row.
+template <class S>
+__device__ __forceinline__ void drain_staged_chunks(S& s, const KernelArgs& a, int epilogue_warp) {
+  const int lane = threadIdx.x % 32, half = lane / 16, quad = lane % 16;
+  uint32_t phase = 0;
+  while (true) {
+    ptx::mbar_wait(&s.epi.full, phase);
+    const int4 chunk = s.epi.chunk;
+    if (chunk.y < 0) break;
+    const int n = chunk.z * kBlockM + 4 * lane;
+    if (a.bulk_combine) {
+      // One bulk reduction per consumer half (64 outputs, 256 bytes) of each column, from the
+      // staging itself once weighted.
+      for (int col = epilogue_warp; col < chunk.y; col += kEpilogueWarps) {
+        float4* v = reinterpret_cast<float4*>(&s.epi.cols[half][col][4 * quad]);
+        const float w = s.epi.row_weight[col];
+        *v = make_float4(w * v->x, w * v->y, w * v->z, w * v->w);
+        ptx::fence_proxy_async_shared();  // this lane's stores, before the async proxy reads them
+        __syncwarp();
+        const int n0 = chunk.z * kBlockM + 64 * lane;
+        if (lane < 2 && n0 < a.n) {
+          ptx::bulk_reduce_add_f32(a.out + int64_t(s.epi.row_token[col]) * a.n + n0, s.epi.cols[lane][col],
+                                   uint32_t(min(64, a.n - n0)) * 4u);
+          ptx::bulk_commit();
+        }
+      }
+      if (lane < 2) ptx::bulk_wait_read();  // the staging is read before it is released
+    } else {
+      for (int col = epilogue_warp; col < chunk.y; col += kEpilogueWarps) {
+        const float w = s.epi.row_weight[col];
+        const float4 v = *reinterpret_cast<const float4*>(&s.epi.cols[half][col][4 * quad]);
+        if (n >= a.n) continue;
+        if (a.atomic)
+          ptx::red_add_v4_f32(a.out + int64_t(s.epi.row_token[col]) * a.n + n, w * v.x, w * v.y, w * v.z, w * v.w);
+        else
+          *reinterpret_cast<float4*>(a.out + int64_t(chunk.x + col) * a.n + n) =
+              make_float4(w * v.x, w * v.y, w * v.z, w * v.w);
+      }
+    }
+    ptx::mbar_arrive(&s.epi.empty);  // every epilogue thread, after its own reads
+    phase ^= 1;
+  }
+}
+
 // One chunk (up to W of an expert's rows against 128 weight rows) on one consumer warpgroup:
-// the K loop with per-block promotion, then the weighted epilogue.
-template <int W, bool kRescale>
-__device__ __forceinline__ void consume_chunk(SharedStorage& s, PipelineState& ps, const KernelArgs& a, const Unit& unit,
-                                              int row0, int chunk_rows, int consumer) {
+// the K loop with per-block promotion, then the weighted epilogue (in this warpgroup, or handed to
+// the epilogue warps).
+template <int W, bool kRescale, class S>
+__device__ __forceinline__ void consume_chunk(S& s, PipelineState<S::kStages>& ps, uint32_t& handoff_phase,
+                                              const KernelArgs& a, const Unit& unit, int row0, int chunk_rows,
+                                              int consumer) {
   const int e = unit.expert, nb = unit.nb;
   using Mma = ptx::WgmmaE4M3<W>;
   constexpr int kRegs = Mma::kRegs;
-  const int lane = threadIdx.x % 32, warp_in_wg = (threadIdx.x / 32) % 4;
-  const int g = lane / 4, q = lane % 4;
+  const int lane = threadIdx.x % 32;
   // This thread's row of the chunk: its weight and token, loaded now so the latency hides behind
   // the K loop (loading them in the epilogue put a round trip on every chunk).
   const int wg_row = threadIdx.x % 128;
@@ -384,10 +566,10 @@ __device__ __forceinline__ void consume_chunk(SharedStorage& s, PipelineState& p
 #pragma unroll
     for (int i = 0; i < kRegs; ++i) acc0[i] = 0.0f, acc1[i] = 0.0f;
     int kb = unit.kb_begin;
-    PipelineState cur = ps;
+    PipelineState<S::kStages> cur = ps;
     issue_block<W>(s, acc0, cur.stage, cur.phase, consumer, gather);
     while (true) {
-      PipelineState next = cur;
+      PipelineState<S::kStages> next = cur;
       next.advance();
       if (kb + 1 < unit.kb_end) {
         issue_block<W>(s, acc1, next.stage, next.phase, consumer, gather);
@@ -414,77 +596,27 @@ __device__ __forceinline__ void consume_chunk(SharedStorage& s, PipelineState& p
     ps = cur;
   }
 
-  // Epilogue: stage 32 token columns x 64 weight rows through shared memory so each thread then
-  // owns 4 consecutive outputs of one token row (one 16-byte vector reduction or store).
-  const uint32_t barrier_id = 1 + consumer, wg_thread = threadIdx.x % 128;
-  float(*stage_cols)[kEpilogueStride] = s.epilogue[consumer];
-  // Published by the first barrier below; overwritten only after the chunk's last barrier.
-  s.chunk_weight[consumer][wg_row] = row_w;
-  s.chunk_token[consumer][wg_row] = row_t;
-#pragma unroll
-  for (int cg = 0; cg < (W + kEpilogueCols - 1) / kEpilogueCols; ++cg) {
-    constexpr int kGroupCols = W < kEpilogueCols ? W : kEpilogueCols;
-#pragma unroll
-    for (int jj = 0; jj < kGroupCols / 8; ++jj) {
-      const int j = cg * (kEpilogueCols / 8) + jj;
-      const int c = 8 * jj + 2 * q, r = 16 * warp_in_wg + g;
-      stage_cols[c][r] = final_acc[4 * j + 0];
-      stage_cols[c + 1][r] = final_acc[4 * j + 1];
-      stage_cols[c][r + 8] = final_acc[4 * j + 2];
-      stage_cols[c + 1][r + 8] = final_acc[4 * j + 3];
-    }
-    ptx::named_barrier_sync(barrier_id, 128);
-    if (a.bulk_combine) {
-      // One thread per token column: weight its 64 staged outputs, then one bulk reduction of
-      // 256 bytes into the token's output row (the async proxy reads the staging area).
-      const int col = int(wg_thread), chunk_col = cg * kEpilogueCols + col, n0 = nb * kBlockM + consumer * 64;
-      if (col < kGroupCols && chunk_col < chunk_rows && n0 < a.n) {
-        const float w = s.chunk_weight[consumer][chunk_col];
-        float4* v = reinterpret_cast<float4*>(stage_cols[col]);
-#pragma unroll
-        for (int i = 0; i < 16; ++i) v[i] = make_float4(w * v[i].x, w * v[i].y, w * v[i].z, w * v[i].w);
-        ptx::fence_proxy_async_shared();
-        const int token = s.chunk_token[consumer][chunk_col];
-        ptx::bulk_reduce_add_f32(a.out + int64_t(token) * a.n + n0, stage_cols[col], uint32_t(min(64, a.n - n0)) * 4u);
-        ptx::bulk_commit();
-        ptx::bulk_wait_read();
-      }
-    } else
-    for (int item = wg_thread; item < kGroupCols * 16; item += 128) {
-      const int col = item / 16, quad = item % 16;
-      const int chunk_col = cg * kEpilogueCols + col;
-      const int n = nb * kBlockM + consumer * 64 + 4 * quad;
-      if (chunk_col < chunk_rows && n < a.n) {
-        const int row = row0 + chunk_col;
-        const float w = s.chunk_weight[consumer][chunk_col];
-        const float4 v = *reinterpret_cast<const float4*>(&stage_cols[col][4 * quad]);
-        if (a.atomic) {
-          const int token = s.chunk_token[consumer][chunk_col];
-          ptx::red_add_v4_f32(a.out + int64_t(token) * a.n + n, w * v.x, w * v.y, w * v.z, w * v.w);
-        } else {
-          *reinterpret_cast<float4*>(a.out + int64_t(row) * a.n + n) = make_float4(w * v.x, w * v.y, w * v.z, w * v.w);
-        }
-      }
-    }
-    // The next pass (or chunk) overwrites the staging area.
-    ptx::named_barrier_sync(barrier_id, 128);
-  }
+  if constexpr (S::kHandoff)
+    stage_for_epilogue_warps<W>(s, final_acc, handoff_phase, row0, chunk_rows, nb, consumer, row_w, row_t);
+  else
+    epilogue_in_consumers<W>(s, a, final_acc, row0, chunk_rows, nb, consumer, row_w, row_t);
 }
 
 // kRescale: the in-place rescale promotion, a kernel of its own so the default's register
-// allocation is not shaped by it.
-template <bool kRescale>
+// allocation is not shaped by it. kHandoff: the hand-off epilogue (sorted rows only).
+template <bool kRescale, bool kHandoff>
 __global__ void __launch_bounds__(kThreads, 1)
     gemm_fp8_block_kernel(const __grid_constant__ TensorMaps maps, const KernelArgs a) {
+  using S = SharedStorage<kHandoff ? kStagesHandoff : kStagesInline, kHandoff>;
   extern __shared__ uint8_t smem_raw[];
   // Aligned by pointer arithmetic on smem_raw, not through an integer: the compiler then still knows
   // every access is to shared memory (LDS/STS; through uintptr_t it emitted generic LD/ST with
   // 64-bit address arithmetic on the promotion's critical path).
   const uint32_t align_pad = (1024u - uint32_t(reinterpret_cast<uintptr_t>(smem_raw) % 1024u)) % 1024u;
-  SharedStorage& s = *reinterpret_cast<SharedStorage*>(smem_raw + align_pad);
+  S& s = *reinterpret_cast<S*>(smem_raw + align_pad);
   if (threadIdx.x == 0) LOOM_TRACE(kGemmStart);
   if (threadIdx.x == 0) {
-    for (int i = 0; i < kStages; ++i) {
+    for (int i = 0; i < S::kStages; ++i) {
       // One arrive.expect_tx (the TMA loads), plus one cp.async arrival per producer thread when
       // gathering.
       ptx::mbar_init(&s.full[i], a.gather ? 1 + kProducerThreads : 1);
@@ -493,6 +625,10 @@ __global__ void __launch_bounds__(kThreads, 1)
     for (int i = 0; i < kUnitSlots; ++i) {
       ptx::mbar_init(&s.unit_full[i], 1);
       ptx::mbar_init(&s.unit_empty[i], 32 * kConsumerWarps);  // every consumer thread, after its read
+    }
+    if constexpr (kHandoff) {
+      ptx::mbar_init(&s.epi.full, 32 * kConsumerWarps);
+      ptx::mbar_init(&s.epi.empty, 32 * kEpilogueWarps);
     }
     ptx::fence_mbar_init();
     ptx::prefetch_tensormap(&maps.w);
@@ -523,6 +659,11 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int warpgroup = threadIdx.x / 128;
   if (warpgroup == 0) {
     ptx::setmaxnreg_dec<kProducerRegs>();
+    if constexpr (kHandoff) {
+      // Warps 1-3: the hand-off epilogue. Thread 0 alone issues the sorted rows' loads, so they then
+      // pass through the producer code below with nothing to do.
+      if (threadIdx.x >= 32) drain_staged_chunks(s, a, int(threadIdx.x) / 32 - 1);
+    }
     // Weights: thread 0 issues one TMA tile per stage. Activations: with sorted rows, thread 0 also
     // loads their tile and scales by TMA. Gathering, the chunk's rows are copied by token straight
     // from the token-order quantised rows, 16 bytes per thread per row pass, into the
@@ -542,12 +683,12 @@ __global__ void __launch_bounds__(kThreads, 1)
       else
         ptx::tma_load_2d(dst, &maps.w, kb * kBlockK, row, bar);
     };
-    PipelineState ps;
+    PipelineState<S::kStages> ps;
     WorkCursor work(a, units);
     Unit unit;
     // Sorted rows: thread 0 loads every tile by TMA (and, with the dynamic tail, first announces the
     // unit to the consumers).
-    PipelineState ring;  // unit_ring slot and phase (kUnitSlots < kStages: advanced by hand)
+    PipelineState<S::kStages> ring;  // unit_ring slot and phase (kUnitSlots < kStages: advanced by hand)
     auto announce = [&](int index, int row_begin, int rows) {
       ptx::mbar_wait(&s.unit_empty[ring.stage], ring.phase ^ 1);
       s.unit_ring[ring.stage] = make_int4(index, row_begin, rows, 0);
@@ -651,11 +792,12 @@ __global__ void __launch_bounds__(kThreads, 1)
   } else {
     ptx::setmaxnreg_inc<kConsumerRegs>();
     const int consumer = warpgroup - 1;
-    PipelineState ps;
+    PipelineState<S::kStages> ps;
+    uint32_t handoff_phase = 0;
     WorkCursor work(a, units);
     Unit unit;
     const bool dynamic = !a.gather && a.work_queue != nullptr;
-    PipelineState ring;  // unit_ring slot and phase, as the producer's
+    PipelineState<S::kStages> ring;  // unit_ring slot and phase, as the producer's
     while (true) {
       int row_begin, rows;
       if (dynamic) {
@@ -674,15 +816,16 @@ __global__ void __launch_bounds__(kThreads, 1)
         break;
       }
       for (int chunk = 0; chunk < rows; chunk += kMaxChunk) {
-        const int chunk_rows = min(kMaxChunk, rows - chunk);
+        const int chunk_rows = min(kMaxChunk, rows - chunk), row0 = row_begin + chunk;
         switch (width_index(chunk_rows)) {
-          case 0: consume_chunk<16, kRescale>(s, ps, a, unit, row_begin + chunk, chunk_rows, consumer); break;
-          case 1: consume_chunk<32, kRescale>(s, ps, a, unit, row_begin + chunk, chunk_rows, consumer); break;
-          case 2: consume_chunk<64, kRescale>(s, ps, a, unit, row_begin + chunk, chunk_rows, consumer); break;
-          default: consume_chunk<128, kRescale>(s, ps, a, unit, row_begin + chunk, chunk_rows, consumer); break;
+          case 0: consume_chunk<16, kRescale>(s, ps, handoff_phase, a, unit, row0, chunk_rows, consumer); break;
+          case 1: consume_chunk<32, kRescale>(s, ps, handoff_phase, a, unit, row0, chunk_rows, consumer); break;
+          case 2: consume_chunk<64, kRescale>(s, ps, handoff_phase, a, unit, row0, chunk_rows, consumer); break;
+          default: consume_chunk<128, kRescale>(s, ps, handoff_phase, a, unit, row0, chunk_rows, consumer); break;
         }
       }
     }
+    if constexpr (kHandoff) end_epilogue_warps(s, handoff_phase);
     if (threadIdx.x == 128) LOOM_TRACE(kGemmEnd);
   }
   ptx::pdl_launch_dependents();
@@ -700,13 +843,14 @@ std::string GemmFp8Config::str() const {
          (x_source == XSource::gather_by_token ? ", rows gathered by token (cp.async)" : ", expert-sorted rows (TMA)") +
          (rescale_promotion ? ", promotion: one accumulator rescaled in place" : "") +
          (bulk_combine ? ", combine: cp.reduce.async.bulk rows" : "") +
-         (weights_evict_first ? ", weights L2 evict-first" : "") + (x_evict_first ? ", activations L2 evict-first" : "");
+         (weights_evict_first ? ", weights L2 evict-first" : "") +
+         (x_evict_first ? ", activations L2 evict-first" : "") +
+         (handoff_epilogue ? ", epilogue handed to the producer warpgroup's spare warps" : ", epilogue in the consumers");
 }
 
 GemmFp8Config choose_gemm_fp8_config(int64_t tokens, int64_t topk, int64_t experts, int64_t n, int64_t k,
                                      bool deterministic, const DeviceInfo& device) {
   GemmFp8Config c;
-  c.stages = kStages;       // 6 x 16 KiB of weights in flight per SM: well above what HBM latency needs
   c.max_width = kMaxChunk;  // the chunk width adapts per expert at run time
   // Expected experts with rows under uniform routing: E (1 - (1 - k/E)^T).
   const double hit = double(experts) * (1.0 - std::pow(1.0 - double(topk) / double(experts), double(tokens)));
@@ -755,7 +899,19 @@ GemmFp8Config choose_gemm_fp8_config(int64_t tokens, int64_t topk, int64_t exper
   // T=4096 222.1 / 221.2 vs 209.8 / 209.8, T=8192 351.4 / 350.8 vs 344.7 / 344.3 us; zipf:1.2 T=128
   // 64.9 vs 58.4, hot:0.9 81.4 vs 76.9. Every unit from the queue lost at T=8192 (362.4 us).
   c.dynamic = c.x_source == XSource::sorted_rows;
+  // Hand-off epilogue once chunks are wide (its staging leaves room for 4 stages, not 6). Measured
+  // e2e, hand-off vs in the consumers (same binary, x2): T=128 76.1 vs 75.5, T=1024 100.8-101.1 vs
+  // 98.8-99.1, T=2048 126.5 vs 129.2-129.5, T=4096 203.1-203.4 vs 210.1-210.3, T=8192 336.4-336.5
+  // vs 345.1-345.4 us.
+  set_handoff_epilogue(c, c.x_source == XSource::sorted_rows && rows_per_expert >= 64);
   return c;
+}
+
+void set_handoff_epilogue(GemmFp8Config& c, bool on) {
+  c.handoff_epilogue = on;
+  // 6 x 16 KiB of weights in flight per SM, 4 beside the hand-off staging (what that costs where
+  // chunks are narrow: the measurements above).
+  c.stages = on ? kStagesHandoff : kStagesInline;
 }
 
 void launch_gemm_fp8(const GemmFp8Params& p, const GemmFp8Config& cfg, const DeviceInfo& device, cudaStream_t stream,
@@ -771,7 +927,10 @@ void launch_gemm_fp8(const GemmFp8Params& p, const GemmFp8Config& cfg, const Dev
     throw Error("fp8 GEMM: the activation rows and scales must be 16-byte aligned");
   if (cfg.x_source == XSource::sorted_rows && p.x_rows % kScaleAlign)
     throw Error("fp8 GEMM: sorted activation rows must be padded to a multiple of 4");
-  if (cfg.stages != kStages || cfg.max_width != kMaxChunk) throw Error("fp8 GEMM: config not instantiated: " + cfg.str());
+  if (cfg.stages != (cfg.handoff_epilogue ? kStagesHandoff : kStagesInline) || cfg.max_width != kMaxChunk)
+    throw Error("fp8 GEMM: config not instantiated: " + cfg.str());
+  if (cfg.handoff_epilogue && cfg.x_source != XSource::sorted_rows)
+    throw Error("fp8 GEMM: the hand-off epilogue needs sorted rows (gathering takes every producer thread)");
   if (p.experts > kMaxHitExperts) throw Error("fp8 GEMM: at most " + std::to_string(kMaxHitExperts) + " experts");
   if (cfg.split_k > 1 && p.combine != CombineMode::atomic) throw Error("fp8 GEMM: split-K needs the atomic combine");
   if (cfg.dynamic && (cfg.x_source != XSource::sorted_rows || cfg.balanced || !p.work_queue))
@@ -819,12 +978,16 @@ void launch_gemm_fp8(const GemmFp8Params& p, const GemmFp8Config& cfg, const Dev
                cfg.x_evict_first && !gather ? 1 : 0,
                cfg.dynamic ? p.work_queue : nullptr,
                p.hit_list};
-  const size_t smem = sizeof(SharedStorage) + 1024;  // + alignment slack for the 1024-byte base
-  auto* kernel = cfg.rescale_promotion ? gemm_fp8_block_kernel<true> : gemm_fp8_block_kernel<false>;
-  static bool configured[2] = {false, false};
-  if (!configured[cfg.rescale_promotion]) {
+  // + alignment slack for the 1024-byte base
+  const size_t smem = (cfg.handoff_epilogue ? sizeof(HandoffStorage) : sizeof(InlineStorage)) + 1024;
+  using Kernel = void (*)(const TensorMaps, const KernelArgs);
+  static constexpr Kernel kernels[2][2] = {{gemm_fp8_block_kernel<false, false>, gemm_fp8_block_kernel<false, true>},
+                                           {gemm_fp8_block_kernel<true, false>, gemm_fp8_block_kernel<true, true>}};
+  const Kernel kernel = kernels[cfg.rescale_promotion][cfg.handoff_epilogue];
+  static bool configured[2][2] = {};
+  if (!configured[cfg.rescale_promotion][cfg.handoff_epilogue]) {
     LOOM_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
-    configured[cfg.rescale_promotion] = true;
+    configured[cfg.rescale_promotion][cfg.handoff_epilogue] = true;
   }
   // Persistent grid: one CTA per SM (at most one unit per CTA when there are fewer units).
   const int64_t units = int64_t(p.experts) * nblocks * (cfg.balanced ? kblocks : a.split_k);

@@ -18,6 +18,9 @@
 //
 // Epilogue: atomic — out[token, n] += topk_weight * final (red.global.add.v4.f32);
 //           store  — y[row, n] = topk_weight * final (no atomics; the combine kernel sums rows).
+// With narrow chunks the consumer warpgroups run it themselves; with wide ones (sorted rows) they
+// stage the chunk's result in shared memory and the producer warpgroup's three spare warps run it
+// while the consumers go on with the next chunk (GemmFp8Config::handoff_epilogue).
 #pragma once
 
 #include <cuda_runtime.h>
@@ -66,6 +69,10 @@ struct GemmFp8Config {
   // L2 eviction priority of the TMA loads (evict_first: the loaded lines leave L2 first).
   bool weights_evict_first = false;
   bool x_evict_first = false;  // sorted rows only
+  // Sorted rows only: the consumers stage each chunk's result once and go on to the next chunk's
+  // MMAs while the producer warpgroup's spare warps (thread 0 alone issues the loads) weight and
+  // reduce it; its staging takes two stages' shared memory (stages 4, else 6).
+  bool handoff_epilogue = false;
   std::string str() const;
 };
 
@@ -74,6 +81,9 @@ struct GemmFp8Config {
 // lays the activations out as x_source says.
 GemmFp8Config choose_gemm_fp8_config(int64_t tokens, int64_t topk, int64_t experts, int64_t n, int64_t k,
                                      bool deterministic, const DeviceInfo& device);
+
+// Sets GemmFp8Config::handoff_epilogue and the pipeline depth instantiated with it.
+void set_handoff_epilogue(GemmFp8Config& c, bool on);
 
 struct GemmFp8Params {
   const uint8_t* weights = nullptr;        // [E, N, K] e4m3, K-major
