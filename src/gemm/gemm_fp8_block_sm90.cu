@@ -49,11 +49,19 @@ constexpr int kUnitSlots = 2;        // dynamic tail: units announced ahead of t
 constexpr int kDynamicRounds = 1;
 constexpr int kWTileBytes = kBlockM * kBlockK;
 constexpr int kXTileBytes = kMaxChunk * kBlockK;
+// Which activation source a kernel instantiation serves (Rows::any: KernelArgs::gather says). The
+// gathered batches (T <= 32) have a kernel of their own, whose chunks are at most kGatherMaxTokens
+// rows: without the sorted-rows, dynamic-tail and wide-chunk code its code is 48 KB instead of
+// 128, and at small T the GEMM waits on instruction fetch (docs/perf.md, ninth and tenth sessions).
+enum class Rows { any, gathered, sorted };
+__host__ __device__ constexpr int chunk_limit(Rows rows) { return rows == Rows::gathered ? kGatherMaxTokens : kMaxChunk; }
 
 static_assert(kWTileBytes % 1024 == 0 && kXTileBytes % 1024 == 0,
               "128-byte-swizzled TMA tiles must start on 1024-byte boundaries");
 static_assert(kBlockK == 128, "one pipeline stage must be exactly one 128-wide scale block");
 static_assert((16 << (kWidthCount - 1)) == kMaxChunk, "widths 16..kMaxChunk double each step");
+static_assert(chunk_limit(Rows::sorted) == kMaxChunk && kGatherMaxTokens == 32,
+              "gathered-batch chunks are the widths 16 and 32 only");
 static_assert(kThreads == 128 * 3 && kConsumerWarps == 8, "one producer and two consumer warpgroups");
 // setmaxnreg moves registers within what the CTA was launched with: 384 threads at the 168 that
 // __launch_bounds__(384, 1) gives each. The producer's gather needs more than 40 (it spilled).
@@ -485,7 +493,7 @@ __device__ __forceinline__ void drain_staged_chunks(S& s, const KernelArgs& a, i
 template <int W, bool kRescale, class S>
 __device__ __forceinline__ void consume_chunk(S& s, PipelineState<S::kStages>& ps, uint32_t& handoff_phase,
                                               const KernelArgs& a, const Unit& unit, int row0, int chunk_rows,
-                                              int consumer) {
+                                              int consumer, bool gather) {
   const int e = unit.expert, nb = unit.nb;
   using Mma = ptx::WgmmaE4M3<W>;
   constexpr int kRegs = Mma::kRegs;
@@ -495,7 +503,6 @@ __device__ __forceinline__ void consume_chunk(S& s, PipelineState<S::kStages>& p
   const int wg_row = threadIdx.x % 128;
   const float row_w = wg_row < chunk_rows ? __ldg(a.row_weight + row0 + wg_row) : 0.0f;
   const int32_t row_t = wg_row < chunk_rows && a.atomic ? __ldg(a.row_token + row0 + wg_row) : 0;
-  const bool gather = a.gather != 0;
   const int scale_shift = gather ? 0 : row0 % kScaleAlign;
   float final_acc[kRegs];  // zeroed below by the two-accumulator paths; the rescale path writes it at the end
   const float* wscale = a.weight_scales + (int64_t(e) * a.nblocks + nb) * a.kblocks;
@@ -603,11 +610,15 @@ __device__ __forceinline__ void consume_chunk(S& s, PipelineState<S::kStages>& p
 }
 
 // kRescale: the in-place rescale promotion, a kernel of its own so the default's register
-// allocation is not shaped by it. kHandoff: the hand-off epilogue (sorted rows only).
-template <bool kRescale, bool kHandoff>
+// allocation is not shaped by it. kHandoff: the hand-off epilogue (sorted rows only). kRows: the
+// activation source it serves (Rows::any: KernelArgs::gather says).
+template <bool kRescale, bool kHandoff, Rows kRows>
 __global__ void __launch_bounds__(kThreads, 1)
     gemm_fp8_block_kernel(const __grid_constant__ TensorMaps maps, const KernelArgs a) {
+  static_assert(!kHandoff || kRows == Rows::sorted, "the hand-off epilogue takes the producer threads a gather needs");
   using S = SharedStorage<kHandoff ? kStagesHandoff : kStagesInline, kHandoff>;
+  const bool gather = kRows == Rows::any ? a.gather != 0 : kRows == Rows::gathered;
+  constexpr int kChunk = chunk_limit(kRows);
   extern __shared__ uint8_t smem_raw[];
   // Aligned by pointer arithmetic on smem_raw, not through an integer: the compiler then still knows
   // every access is to shared memory (LDS/STS; through uintptr_t it emitted generic LD/ST with
@@ -619,7 +630,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     for (int i = 0; i < S::kStages; ++i) {
       // One arrive.expect_tx (the TMA loads), plus one cp.async arrival per producer thread when
       // gathering.
-      ptx::mbar_init(&s.full[i], a.gather ? 1 + kProducerThreads : 1);
+      ptx::mbar_init(&s.full[i], gather ? 1 + kProducerThreads : 1);
       ptx::mbar_init(&s.empty[i], kConsumerWarps);
     }
     for (int i = 0; i < kUnitSlots; ++i) {
@@ -722,7 +733,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         }
       }
     };
-    if (!a.gather && pt == 0 && a.work_queue != nullptr) {
+    if (!gather && pt == 0 && a.work_queue != nullptr) {
       // Dynamic tail: units below static_end round robin (the first is blockIdx.x, whose weights
       // were prefetched), then the queue's next index, fetched one unit ahead so the atomic's round
       // trip hides behind the current unit's loads. Units without rows load nothing and are not
@@ -742,18 +753,18 @@ __global__ void __launch_bounds__(kThreads, 1)
         atomicExch(a.work_queue, 0);
         atomicExch(a.work_queue + 1, 0);
       }
-    } else if (!a.gather) {
+    } else if (!gather) {
       while (pt == 0 && work.next(s, a, unit)) load_sorted_unit(unit, 0, false);
     }
-    while (a.gather && work.next(s, a, unit)) {
+    while (gather && work.next(s, a, unit)) {
       const int e = unit.expert, nb = unit.nb;
       int row_begin, rows;
       unit_rows(s, a, unit, row_begin, rows);
 #ifdef LOOM_CHAIN_TRACE
       if (pt == 0 && first_tile) LOOM_TRACE(kGemmFirstRows);
 #endif
-      for (int chunk = 0; chunk < rows; chunk += kMaxChunk) {
-        const int chunk_rows = min(kMaxChunk, rows - chunk);
+      for (int chunk = 0; chunk < rows; chunk += kChunk) {
+        const int chunk_rows = min(kChunk, rows - chunk);
         const int wi = width_index(chunk_rows), width = 16 << wi;
         // The chunk's first weight tile does not need the row tokens: start it before their lookup.
         if (pt == 0) {
@@ -796,7 +807,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     uint32_t handoff_phase = 0;
     WorkCursor work(a, units);
     Unit unit;
-    const bool dynamic = !a.gather && a.work_queue != nullptr;
+    const bool dynamic = !gather && a.work_queue != nullptr;
     PipelineState<S::kStages> ring;  // unit_ring slot and phase, as the producer's
     while (true) {
       int row_begin, rows;
@@ -815,13 +826,18 @@ __global__ void __launch_bounds__(kThreads, 1)
       } else {
         break;
       }
-      for (int chunk = 0; chunk < rows; chunk += kMaxChunk) {
-        const int chunk_rows = min(kMaxChunk, rows - chunk), row0 = row_begin + chunk;
-        switch (width_index(chunk_rows)) {
-          case 0: consume_chunk<16, kRescale>(s, ps, handoff_phase, a, unit, row0, chunk_rows, consumer); break;
-          case 1: consume_chunk<32, kRescale>(s, ps, handoff_phase, a, unit, row0, chunk_rows, consumer); break;
-          case 2: consume_chunk<64, kRescale>(s, ps, handoff_phase, a, unit, row0, chunk_rows, consumer); break;
-          default: consume_chunk<128, kRescale>(s, ps, handoff_phase, a, unit, row0, chunk_rows, consumer); break;
+      for (int chunk = 0; chunk < rows; chunk += kChunk) {
+        const int chunk_rows = min(kChunk, rows - chunk), row0 = row_begin + chunk;
+        const int wi = width_index(chunk_rows);
+        if (wi == 0)
+          consume_chunk<16, kRescale>(s, ps, handoff_phase, a, unit, row0, chunk_rows, consumer, gather);
+        else if (kRows == Rows::gathered || wi == 1)
+          consume_chunk<32, kRescale>(s, ps, handoff_phase, a, unit, row0, chunk_rows, consumer, gather);
+        else if constexpr (kRows != Rows::gathered) {
+          if (wi == 2)
+            consume_chunk<64, kRescale>(s, ps, handoff_phase, a, unit, row0, chunk_rows, consumer, gather);
+          else
+            consume_chunk<128, kRescale>(s, ps, handoff_phase, a, unit, row0, chunk_rows, consumer, gather);
         }
       }
     }
@@ -980,14 +996,21 @@ void launch_gemm_fp8(const GemmFp8Params& p, const GemmFp8Config& cfg, const Dev
                p.hit_list};
   // + alignment slack for the 1024-byte base
   const size_t smem = (cfg.handoff_epilogue ? sizeof(HandoffStorage) : sizeof(InlineStorage)) + 1024;
+  // The enumerated instantiations: gathered batches, sorted rows with either epilogue, and the
+  // in-place rescale experiment (either source, or sorted rows with the hand-off).
   using Kernel = void (*)(const TensorMaps, const KernelArgs);
-  static constexpr Kernel kernels[2][2] = {{gemm_fp8_block_kernel<false, false>, gemm_fp8_block_kernel<false, true>},
-                                           {gemm_fp8_block_kernel<true, false>, gemm_fp8_block_kernel<true, true>}};
-  const Kernel kernel = kernels[cfg.rescale_promotion][cfg.handoff_epilogue];
-  static bool configured[2][2] = {};
-  if (!configured[cfg.rescale_promotion][cfg.handoff_epilogue]) {
+  static constexpr Kernel kernels[5] = {
+      gemm_fp8_block_kernel<false, false, Rows::gathered>, gemm_fp8_block_kernel<false, false, Rows::sorted>,
+      gemm_fp8_block_kernel<false, true, Rows::sorted>, gemm_fp8_block_kernel<true, false, Rows::any>,
+      gemm_fp8_block_kernel<true, true, Rows::sorted>};
+  const int variant = cfg.rescale_promotion ? (cfg.handoff_epilogue ? 4 : 3)
+                      : gather              ? 0
+                                            : (cfg.handoff_epilogue ? 2 : 1);
+  const Kernel kernel = kernels[variant];
+  static bool configured[5] = {};
+  if (!configured[variant]) {
     LOOM_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
-    configured[cfg.rescale_promotion][cfg.handoff_epilogue] = true;
+    configured[variant] = true;
   }
   // Persistent grid: one CTA per SM (at most one unit per CTA when there are fewer units).
   const int64_t units = int64_t(p.experts) * nblocks * (cfg.balanced ? kblocks : a.split_k);

@@ -37,7 +37,9 @@ enum class CombineMode { atomic, store };
 // Where a chunk's activation rows come from.
 //  gather_by_token: token-order quantised rows, gathered by row_token with cp.async: no sorted copy
 //                   to write, so small batches have one kernel before the GEMM. Chosen up to
-//                   kGatherMaxTokens tokens, where no chunk is wider than 32.
+//                   kGatherMaxTokens tokens, where no chunk is wider than 32. It runs in a kernel
+//                   instantiation of its own whose chunks are at most 32 rows (an expert with more
+//                   rows takes several), so none of the wide-chunk code is in its path.
 //  sorted_rows:     an expert-sorted copy, loaded by TMA boxes (cp.async cannot keep the bytes of
 //                   64- and 128-wide chunks in flight: T=2048 GEMM 154.8 us gathered, 106 sorted).
 enum class XSource { gather_by_token, sorted_rows };

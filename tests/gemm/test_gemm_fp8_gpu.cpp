@@ -142,7 +142,9 @@ void run_case(const GemmCase& c, CombineMode mode, uint64_t seed) {
   const GemmFp8Config chosen = choose_gemm_fp8_config(s.tokens, s.topk, s.experts, N, K, mode == CombineMode::store, dev);
   std::vector<float> got, got_default;
   // Both activation sources, both epilogues (sorted rows), and the options kept for measurement:
-  // the in-place rescale promotion and the bulk-reduction combine.
+  // the in-place rescale promotion and the bulk-reduction combine. Every kernel instantiation runs:
+  // gathered batches (chunks of at most 32 rows, so experts with more rows take several), sorted
+  // rows with either epilogue, and the rescale kernels (either source; sorted rows with hand-off).
   struct Variant {
     XSource source;
     bool handoff, rescale, bulk;
@@ -150,6 +152,7 @@ void run_case(const GemmCase& c, CombineMode mode, uint64_t seed) {
   for (const auto& [source, handoff, rescale, bulk] :
        {Variant{XSource::gather_by_token, false, false, false}, Variant{XSource::sorted_rows, false, false, false},
         Variant{XSource::sorted_rows, true, false, false}, Variant{XSource::sorted_rows, true, true, false},
+        Variant{XSource::gather_by_token, false, true, false}, Variant{XSource::sorted_rows, false, true, false},
         Variant{XSource::gather_by_token, false, false, true}, Variant{XSource::sorted_rows, true, false, true}}) {
     if (bulk && mode != CombineMode::atomic) continue;
     GemmFp8Config cfg = chosen;
