@@ -75,6 +75,10 @@ struct GemmFp8Config {
   // MMAs while the producer warpgroup's spare warps (thread 0 alone issues the loads) weight and
   // reduce it; its staging takes two stages' shared memory (stages 4, else 6).
   bool handoff_epilogue = false;
+  // Gathered rows, launched with PDL: before the wait the producer walks to its first unit's rows
+  // once, dry, so that code is in the instruction caches when the wait ends (instruction fetch
+  // was half of the GEMM's stall samples at T=1; docs/perf.md).
+  bool warm_up = false;
   std::string str() const;
 };
 
