@@ -709,8 +709,10 @@ __global__ void __launch_bounds__(kThreads, 1)
         ptx::tma_load_2d(dst, &maps.w, kb * kBlockK, row, bar);
     };
     PipelineState<S::kStages> ps;
-    // Warm-up: the dry walk takes one unit of a grid-sized walk (indices valid before the wait).
-    WorkCursor work(a, warm_up ? int(gridDim.x) : units);
+    // Warm-up: the dry walk takes the first unit of a walk whose indices are valid before the wait:
+    // dense, the real one (its count needs no inputs); compact, a grid-sized one (hit-list slots
+    // below gridDim.x / ceil(N/128), within kMaxHitExperts).
+    WorkCursor work(a, warm_up ? (a.dense ? unit_count(s, a) : int(gridDim.x)) : units);
     Unit unit;
     // Sorted rows: thread 0 loads every tile by TMA (and, with the dynamic tail, first announces the
     // unit to the consumers).
@@ -772,17 +774,20 @@ __global__ void __launch_bounds__(kThreads, 1)
       while (pt == 0 && work.next(s, a, unit)) load_sorted_unit(unit, 0, false);
     }
     bool dry = warm_up;
-    while (gather && work.next(s, a, unit)) {
-      const int e = unit.expert, nb = unit.nb;
-      int row_begin, rows;
-      unit_rows(s, a, unit, row_begin, rows);
+    while (gather) {
+      const bool has_unit = work.next(s, a, unit);
+      int row_begin = 0, rows = 0;
+      if (has_unit) unit_rows(s, a, unit, row_begin, rows);
       if (dry) {
         // Warm-up: the code from the walk to here is now in the instruction caches. The unit and
-        // its rows came from whatever the previous run left in shared memory: unused.
+        // its rows (stale shared memory, or offsets still being written) are not used. A CTA the
+        // dry walk gives no unit ends it here too, so the CTA always meets in end_warm_up.
         dry = false;
         work = WorkCursor(a, end_warm_up());
         continue;
       }
+      if (!has_unit) break;
+      const int e = unit.expert, nb = unit.nb;
 #ifdef LOOM_CHAIN_TRACE
       if (pt == 0 && first_tile) LOOM_TRACE(kGemmFirstRows);
 #endif
