@@ -83,7 +83,7 @@ struct QuantOutputs {
   int zero_cols;
   QuantOutputs(int64_t rows_, int H, int T, int zero_cols_, int byte)
       : codes(size_t(rows_) * size_t(H)),
-        scales(size_t((H + 127) / 128) * size_t(rows_) * 4),
+        scales(size_t(scale_floats((H + 127) / 128, rows_)) * 4),  // either scale layout
         zero(size_t(T) * size_t(zero_cols_) * 4),
         rows(rows_),
         zero_cols(zero_cols_) {

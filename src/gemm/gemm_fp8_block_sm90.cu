@@ -77,7 +77,9 @@ static_assert(kXsStride >= kMaxChunk + kScaleAlign && (kXsStride * 4) % 128 == 0
 struct TensorMaps {
   CUtensorMap w;                 // [E*N, K] u8, box 128 x 128, 128-byte swizzle
   CUtensorMap x[kWidthCount];    // sorted rows only: [R_pad, K] u8, box width x 128, 128-byte swizzle
-  CUtensorMap xs[kWidthCount];   // sorted rows only: [KB, R_pad] f32, box 1 x (width + 4), start row aligned down to 4
+  // Sorted rows only: the scales. Group-major [KB, R_pad] f32, box 1 x (width + 4), its start row
+  // aligned down to 4; or row quads [ceil(KB/4) * R_pad, 4] f32 (hand-off), box width x 4.
+  CUtensorMap xs[kWidthCount];
 };
 
 struct KernelArgs {
@@ -137,7 +139,10 @@ struct alignas(1024) SharedStorage {
   static constexpr bool kHandoff = kHandoffT;
   uint8_t w[kStages][kWTileBytes];
   uint8_t x[kStages][kXTileBytes];
-  float xs[kStages][kXsStride];       // activation scale of each chunk row for the stage's K block
+  // Activation scales of the chunk's rows for the stage's K block: one group (kXsStride, see
+  // stage_scale), or with the hand-off each row's quad of groups (4 floats a row: the 16-byte
+  // minimum of a TMA box's inner extent).
+  float xs[kStages][kHandoff ? kMaxChunk * 4 : kXsStride];
   std::conditional_t<kHandoff, HandoffEpilogue, InlineEpilogue> epi;
   int32_t gather_token[kMaxChunk];    // producer: token of each row of the chunk being loaded, -1 past its end
   uint64_t full[kStages];
@@ -318,21 +323,32 @@ __device__ __forceinline__ void issue_block(S& s, float (&acc)[W / 2], uint32_t 
   ptx::wgmma_commit_group();
 }
 
+// Chunk column `col`'s activation scale for K block kb in a stage. Hand-off kernel: row quads, the
+// block's group at kb % 4 (the quad lanes' reads of columns 2q, 2q + 1 fall 8 floats apart: no bank
+// conflicts). Otherwise one group: gathered rows from 0, sorted rows from scale_shift (their box
+// began at the chunk's row rounded down to 4).
+template <class S>
+__device__ __forceinline__ float stage_scale(const S& s, uint32_t stage, int col, int kb, int scale_shift) {
+  if constexpr (S::kHandoff)
+    return s.xs[stage][col * 4 + kb % 4];
+  else
+    return s.xs[stage][scale_shift + col];
+}
+
 // Once `acc`'s group is done (kPending newer groups may stay in flight): read the stage's
 // activation scales, release the stage, promote final += acc * weight_scale * activation_scale.
 template <int W, int kPending, class S>
 __device__ __forceinline__ void promote_block(S& s, float (&acc)[W / 2], float (&final_acc)[W / 2],
-                                              uint32_t stage, int scale_shift, float sw) {
+                                              uint32_t stage, int kb, int scale_shift, float sw) {
   const int lane = threadIdx.x % 32, q = lane % 4;
   ptx::wgmma_wait_group<kPending>();
 #pragma unroll
   for (int i = 0; i < W / 2; ++i) ptx::fence_operand(acc[i]);
   float sa[W / 4];
-  const float* xs = &s.xs[stage][scale_shift];  // a sorted-row box began at the chunk's row rounded down to 4
 #pragma unroll
   for (int j = 0; j < W / 8; ++j) {
-    sa[2 * j] = xs[8 * j + 2 * q] * sw;
-    sa[2 * j + 1] = xs[8 * j + 2 * q + 1] * sw;
+    sa[2 * j] = stage_scale(s, stage, 8 * j + 2 * q, kb, scale_shift) * sw;
+    sa[2 * j + 1] = stage_scale(s, stage, 8 * j + 2 * q + 1, kb, scale_shift) * sw;
   }
   // Every lane's shared-memory reads of this stage (wgmma operands, scales) are done: free it.
   __syncwarp();
@@ -529,12 +545,11 @@ __device__ __forceinline__ void consume_chunk(S& s, PipelineState<S::kStages>& p
     for (int kb = unit.kb_begin; kb < unit.kb_end; ++kb) {
       const float sw = weight_scale(kb);
       ptx::mbar_wait(&s.full[ps.stage], ps.phase);
-      const float* xs = &s.xs[ps.stage][scale_shift];
       float s_cur[W / 4];
 #pragma unroll
       for (int j = 0; j < W / 8; ++j) {
-        s_cur[2 * j] = xs[8 * j + 2 * q] * sw;
-        s_cur[2 * j + 1] = xs[8 * j + 2 * q + 1] * sw;
+        s_cur[2 * j] = stage_scale(s, ps.stage, 8 * j + 2 * q, kb, scale_shift) * sw;
+        s_cur[2 * j + 1] = stage_scale(s, ps.stage, 8 * j + 2 * q + 1, kb, scale_shift) * sw;
       }
       if (kb > unit.kb_begin) {
 #pragma unroll
@@ -583,9 +598,9 @@ __device__ __forceinline__ void consume_chunk(S& s, PipelineState<S::kStages>& p
       next.advance();
       if (kb + 1 < unit.kb_end) {
         issue_block<W>(s, acc1, next.stage, next.phase, consumer, gather);
-        promote_block<W, 1>(s, acc0, final_acc, cur.stage, scale_shift, weight_scale(kb));
+        promote_block<W, 1>(s, acc0, final_acc, cur.stage, kb, scale_shift, weight_scale(kb));
       } else {
-        promote_block<W, 0>(s, acc0, final_acc, cur.stage, scale_shift, weight_scale(kb));
+        promote_block<W, 0>(s, acc0, final_acc, cur.stage, kb, scale_shift, weight_scale(kb));
         cur = next;
         break;
       }
@@ -594,9 +609,9 @@ __device__ __forceinline__ void consume_chunk(S& s, PipelineState<S::kStages>& p
       next.advance();
       if (kb + 1 < unit.kb_end) {
         issue_block<W>(s, acc0, next.stage, next.phase, consumer, gather);
-        promote_block<W, 1>(s, acc1, final_acc, cur.stage, scale_shift, weight_scale(kb));
+        promote_block<W, 1>(s, acc1, final_acc, cur.stage, kb, scale_shift, weight_scale(kb));
       } else {
-        promote_block<W, 0>(s, acc1, final_acc, cur.stage, scale_shift, weight_scale(kb));
+        promote_block<W, 0>(s, acc1, final_acc, cur.stage, kb, scale_shift, weight_scale(kb));
         cur = next;
         break;
       }
@@ -734,7 +749,10 @@ __global__ void __launch_bounds__(kThreads, 1)
       for (int chunk = 0; chunk < rows; chunk += kMaxChunk) {
         const int chunk_rows = min(kMaxChunk, rows - chunk);
         const int wi = width_index(chunk_rows), width = 16 << wi;
-        const uint32_t bytes = kWTileBytes + width * kBlockK + (width + kScaleAlign) * 4;
+        // Scales: the width rows' quads of groups (hand-off), or one group of width + 4 rows from
+        // the chunk's row rounded down to 4 (the inner start of a box must fall on 16 bytes).
+        constexpr bool kQuads = S::kHandoff;
+        const uint32_t bytes = kWTileBytes + width * kBlockK + (kQuads ? width * 16 : (width + kScaleAlign) * 4);
         const int scale_row = (row_begin + chunk) / kScaleAlign * kScaleAlign;
         for (int kb = unit.kb_begin; kb < unit.kb_end; ++kb) {
           ptx::mbar_wait(&s.empty[ps.stage], ps.phase ^ 1);
@@ -745,7 +763,11 @@ __global__ void __launch_bounds__(kThreads, 1)
                                   ptx::l2_policy_evict_first());
           else
             ptx::tma_load_2d(s.x[ps.stage], &maps.x[wi], kb * kBlockK, row_begin + chunk, &s.full[ps.stage]);
-          ptx::tma_load_2d(s.xs[ps.stage], &maps.xs[wi], scale_row, kb, &s.full[ps.stage]);
+          if constexpr (kQuads)
+            ptx::tma_load_2d(s.xs[ps.stage], &maps.xs[wi], 0, int(kb / 4 * a.x_rows) + row_begin + chunk,
+                             &s.full[ps.stage]);
+          else
+            ptx::tma_load_2d(s.xs[ps.stage], &maps.xs[wi], scale_row, kb, &s.full[ps.stage]);
           ps.advance();
         }
       }
@@ -981,6 +1003,11 @@ void launch_gemm_fp8(const GemmFp8Params& p, const GemmFp8Config& cfg, const Dev
     throw Error("fp8 GEMM: config not instantiated: " + cfg.str());
   if (cfg.handoff_epilogue && cfg.x_source != XSource::sorted_rows)
     throw Error("fp8 GEMM: the hand-off epilogue needs sorted rows (gathering takes every producer thread)");
+  const ScaleLayout scale_layout = cfg.handoff_epilogue ? ScaleLayout::row_quads : ScaleLayout::group_major;
+  if (p.x_scale_layout != scale_layout)
+    throw Error(std::string("fp8 GEMM: this config reads activation scales ") +
+                (cfg.handoff_epilogue ? "in row quads (sorted rows, hand-off epilogue)" : "group-major") +
+                "; GemmFp8Params::x_scale_layout says otherwise");
   if (p.experts > kMaxHitExperts) throw Error("fp8 GEMM: at most " + std::to_string(kMaxHitExperts) + " experts");
   if (cfg.split_k > 1 && p.combine != CombineMode::atomic) throw Error("fp8 GEMM: split-K needs the atomic combine");
   if (cfg.dynamic && (cfg.x_source != XSource::sorted_rows || cfg.balanced || !p.work_queue))
@@ -994,12 +1021,18 @@ void launch_gemm_fp8(const GemmFp8Params& p, const GemmFp8Config& cfg, const Dev
   maps.w = make_tensor_map_2d(p.weights, CU_TENSOR_MAP_DATA_TYPE_UINT8, 1, uint64_t(p.experts) * p.n, p.k, p.k,
                               kBlockM, kBlockK, TmaSwizzle::b128);
   const bool gather = cfg.x_source == XSource::gather_by_token;
+  if (scale_floats(kblocks, p.x_rows) / 4 >= (int64_t(1) << 31))
+    throw Error("fp8 GEMM: ceil(K/512) x x_rows exceeds the kernel's 32-bit scale row coordinate");
   if (!gather) {
     for (int i = 0; i < kWidthCount; ++i) {
       maps.x[i] = make_tensor_map_2d(p.x, CU_TENSOR_MAP_DATA_TYPE_UINT8, 1, p.x_rows, p.k, p.k, 16 << i, kBlockK,
                                      TmaSwizzle::b128);
-      maps.xs[i] = make_tensor_map_2d(p.x_scales, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 4, kblocks, p.x_rows, p.x_rows * 4, 1,
-                                      (16 << i) + kScaleAlign, TmaSwizzle::none);
+      maps.xs[i] = scale_layout == ScaleLayout::row_quads
+                       ? make_tensor_map_2d(p.x_scales, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 4,
+                                            uint64_t(scale_floats(kblocks, p.x_rows) / 4), 4, 16, 16 << i, 4,
+                                            TmaSwizzle::none)
+                       : make_tensor_map_2d(p.x_scales, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 4, kblocks, p.x_rows,
+                                            p.x_rows * 4, 1, (16 << i) + kScaleAlign, TmaSwizzle::none);
     }
   }
   KernelArgs a{p.weights,

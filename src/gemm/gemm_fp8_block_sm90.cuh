@@ -29,6 +29,7 @@
 #include <string>
 
 #include "common/device_info.hpp"
+#include "pipeline/device_layout.hpp"
 
 namespace loom {
 
@@ -95,7 +96,10 @@ struct GemmFp8Params {
   const uint8_t* weights = nullptr;        // [E, N, K] e4m3, K-major
   const float* weight_scales = nullptr;    // [E, ceil(N/128), ceil(K/128)]
   const uint8_t* x = nullptr;              // [x_rows, K] e4m3: row t = token t, or the expert-sorted rows
-  const float* x_scales = nullptr;         // [ceil(K/128), x_rows] their 1x128 scales
+  const float* x_scales = nullptr;         // their 1x128 scales, laid out as x_scale_layout says
+  // group_major, except row_quads for sorted rows under the hand-off epilogue (whose stages hold a
+  // 4-group box per row; launch_gemm_fp8 checks the pairing).
+  ScaleLayout x_scale_layout = ScaleLayout::group_major;
   int64_t x_rows = 0;                      // >= T, or R_pad (a multiple of 4) for sorted rows
   const int32_t* offsets = nullptr;        // [E+1]
   const int32_t* row_token = nullptr;      // [R] token of each expert-sorted row: the gather index

@@ -8,6 +8,8 @@
 //   quantize   hidden[T,H] bf16 -> x, x_scales in one of two layouts (GemmFp8Config::x_source):
 //                token order  x[T_pad,H] fp8, x_scales[ceil(H/128), T_pad]   (no route_row needed)
 //                sorted rows  x[R_pad,H] fp8, x_scales[ceil(H/128), R_pad]   (row route_row[t*k+j])
+//                             or, for the hand-off GEMM, x_scales[ceil(H/512), R_pad, 4]
+//                             (ScaleLayout::row_quads)
 //              and zeroes out[T,N] (the fast combine accumulates into it)
 //   gemm       x, x_scales, offsets, row_token, row_weight, weights; gathers a sorted row's
 //              activations by row_token (token order) or reads them in place (sorted rows)
@@ -30,5 +32,19 @@ namespace loom {
 
 inline constexpr int64_t round_up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
 inline constexpr int64_t padded_rows(int64_t routes) { return round_up(routes, 4); }
+
+// The activation scales' layout (G = ceil(H/128) groups of 128, `rows` a multiple of 4):
+//  group_major: [G, rows], group g's scales of consecutive rows side by side: a GEMM stage reads
+//               one group of its chunk's rows as one TMA box.
+//  row_quads:   [ceil(G/4), rows, 4], a row's groups 4q..4q+3 side by side (sorted rows only): a
+//               route's four groups of one quad, which one warp quantises, go out as one 16-byte
+//               store instead of four scattered 4-byte ones; the GEMM loads a 4-group box and
+//               picks its group (docs/perf.md, tenth session).
+enum class ScaleLayout { group_major, row_quads };
+inline constexpr int64_t scale_index(ScaleLayout layout, int64_t group, int64_t row, int64_t rows) {
+  return layout == ScaleLayout::group_major ? group * rows + row : (group / 4 * rows + row) * 4 + group % 4;
+}
+// Floats a scale buffer of `groups` x `rows` needs in either layout.
+inline constexpr int64_t scale_floats(int64_t groups, int64_t rows) { return round_up(groups, 4) * rows; }
 
 }  // namespace loom

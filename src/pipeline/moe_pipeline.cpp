@@ -85,7 +85,7 @@ Plan plan(const Shape& s, const Routing& r, const Options& o) {
   L.row_token = carve(c, size_t(R) * 4);
   L.row_weight = carve(c, size_t(R) * 4);
   L.x = carve(c, size_t(x_rows) * size_t(K));
-  L.x_scales = carve(c, size_t(quant_blocks(K)) * size_t(x_rows) * 4);
+  L.x_scales = carve(c, size_t(scale_floats(quant_blocks(K), x_rows)) * 4);  // either layout
   L.y = carve(c, o.deterministic ? size_t(R) * size_t(N) * 4 : 0);
   L.gemm_queue = carve(c, 2 * sizeof(int32_t));  // the GEMM's dynamic unit queue (sorted rows)
   L.hit_list = carve(c, size_t(s.experts + 1) * 16);  // experts with rows, from the fused small kernel
@@ -231,6 +231,8 @@ void run_stages(const Plan& p, const Weights& w, const Inputs& in, void* output,
   qp.padded_rows = x_rows;
   qp.a_sorted = at<uint8_t>(workspace, L.x);
   qp.a_scales = at<float>(workspace, L.x_scales);
+  // The hand-off GEMM reads the scales in row quads, which the sorted copy also writes faster.
+  qp.scale_layout = sorted && gc.handoff_epilogue ? ScaleLayout::row_quads : ScaleLayout::group_major;
   // The fast combine accumulates into the output: clear it here, ordered before the GEMM.
   qp.zero_out = p.options.deterministic ? nullptr : static_cast<float*>(output);
   qp.zero_cols = s.inter;
@@ -270,6 +272,7 @@ void run_stages(const Plan& p, const Weights& w, const Inputs& in, void* output,
   gp.weight_scales = w.w1_scales;
   gp.x = qp.a_sorted;
   gp.x_scales = qp.a_scales;
+  gp.x_scale_layout = qp.scale_layout;
   gp.x_rows = x_rows;
   gp.offsets = dp.offsets;
   gp.row_token = dp.row_token;

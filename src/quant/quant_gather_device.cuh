@@ -198,7 +198,9 @@ __device__ __forceinline__ void quant_gather_body(const QuantGatherParams& p, ui
         mine = (unit_ok && j0 + sub < k) ? row_of(p, t, j0 + sub) : -1;
       // Rows outside [0, R_pad) (dropped, or bad device data) are never written.
       if (mine < 0 || int64_t(mine) >= p.padded_rows) mine = -1;
-      if (mine >= 0) p.a_scales[int64_t(g) * p.padded_rows + mine] = scale;
+      // Row quads: the warp's four octets are groups 4q..4q+3 of one token, so for each slot their
+      // four scales fill one 16-byte piece of the row's quad.
+      if (mine >= 0) p.a_scales[scale_index(p.scale_layout, g, mine, p.padded_rows)] = scale;
       const int n = min(kLanesPerUnit, k - j0);
       for (int jj = 0; jj < n; ++jj) {
         const int32_t row = __shfl_sync(0xffffffffu, mine, octet_base + jj);

@@ -14,6 +14,8 @@
 
 #include <cstdint>
 
+#include "pipeline/device_layout.hpp"
+
 namespace loom {
 
 struct QuantGatherParams {
@@ -22,7 +24,8 @@ struct QuantGatherParams {
   int tokens = 0, hidden_dim = 0, topk = 0;  // H: a positive multiple of 16
   int64_t padded_rows = 0;             // rows of a_sorted and of a_scales' inner dimension (multiple of 4; >= T in token order)
   uint8_t* a_sorted = nullptr;         // [rows, H] fp8 e4m3 codes; row route_row[t*k+j] (or t) gets token t's codes
-  float* a_scales = nullptr;           // [ceil(H/128), R_pad] fp32, MN-major: a_scales[g * R_pad + row]
+  float* a_scales = nullptr;           // scale_floats(ceil(H/128), R_pad) fp32, laid out as scale_layout says
+  ScaleLayout scale_layout = ScaleLayout::group_major;  // row_quads: sorted rows only
   float* zero_out = nullptr;           // optional [T, zero_cols] fp32 to clear (the fast combine accumulates into it)
   int64_t zero_cols = 0;
   // Optional words to zero (the GEMM's dynamic work queue: it must start each run at zero, and the

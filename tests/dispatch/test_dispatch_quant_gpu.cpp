@@ -36,13 +36,16 @@ struct Outputs {
 // grid 0: the two-kernel reference path. early: the fused kernel quantises its first pass and clears
 // the output before its PDL wait (as after the routing kernel; here nothing precedes it).
 // masks: the token masks of the ids (as the routing kernel writes them), or nullptr (count the ids).
+// layout: the scales' (row quads: what the hand-off GEMM reads).
 Outputs run_once(int grid, bool early, const DeviceBuffer& ids, const DeviceBuffer& wts, const DeviceBuffer& flags,
-                 const DeviceBuffer& hidden, int T, int E, int k, int H, const uint32_t* masks = nullptr) {
+                 const DeviceBuffer& hidden, int T, int E, int k, int H, const uint32_t* masks = nullptr,
+                 ScaleLayout layout = ScaleLayout::group_major) {
   test::DispatchOutputs d(T, k, E, 0x7f);
   test::QuantOutputs q(padded_rows(int64_t(T) * k), H, T, 48, 0x7f);
   DispatchParams dp = d.params(ids.as<int32_t>(), wts.as<float>(), flags.as<uint8_t>());
   dp.token_masks = masks;
   QuantGatherParams qp = q.params(hidden.as<uint16_t>(), dp.route_row, T, H, k);
+  qp.scale_layout = layout;
   DeviceBuffer words(2 * sizeof(int32_t));
   LOOM_CUDA_CHECK(cudaMemset(words.get(), 0x7f, words.bytes()));
   qp.zero_words = words.as<int32_t>();
@@ -91,7 +94,9 @@ TEST(DispatchQuantGpu, MatchesDispatchThenQuantiseBitForBit) {
     const std::vector<bf16> hidden = make_hidden(shape, seed + 1);
     const DeviceBuffer did = DeviceBuffer::from(ids), dwt = DeviceBuffer::from(routes.topk.weights),
                        dfl = DeviceBuffer::from(flags), dh = DeviceBuffer::from(hidden);
+    // The reference path in both scale layouts (QuantGatherGpu checks both against the CPU).
     const Outputs want = run_once(0, false, did, dwt, dfl, dh, T, E, k, H);
+    const Outputs want_quads = run_once(0, false, did, dwt, dfl, dh, T, E, k, H, nullptr, ScaleLayout::row_quads);
     // The token masks of these ids (the dropped ones have no bit), as the routing kernel writes them.
     std::vector<uint32_t> masks(size_t((T + 31) / 32) * size_t(E), 0u);
     for (int t = 0; t < T; ++t)
@@ -102,14 +107,18 @@ TEST(DispatchQuantGpu, MatchesDispatchThenQuantiseBitForBit) {
     const DeviceBuffer dmasks = DeviceBuffer::from(masks);
     struct Run {
       int grid;
-      bool early, with_masks;
+      bool early, with_masks, quads;
     };
-    for (const auto& [grid, early, with_masks] : {Run{1, false, false}, Run{3, true, false}, Run{sms, false, false},
-                                                  Run{sms, true, false}, Run{3, true, true}, Run{sms, true, true}}) {
+    for (const auto& [grid, early, with_masks, quads] :
+         {Run{1, false, false, false}, Run{3, true, false, false}, Run{sms, false, false, false},
+          Run{sms, true, false, false}, Run{3, true, true, false}, Run{sms, true, true, false},
+          Run{3, false, false, true}, Run{sms, true, true, true}}) {
       SCOPED_TRACE(testing::Message() << "grid " << grid << (early ? ", quantised before the wait" : "")
-                                      << (with_masks ? ", token masks given" : ""));
-      const Outputs got =
-          run_once(grid, early, did, dwt, dfl, dh, T, E, k, H, with_masks ? dmasks.as<uint32_t>() : nullptr);
+                                      << (with_masks ? ", token masks given" : "")
+                                      << (quads ? ", scales in row quads" : ""));
+      const Outputs got = run_once(grid, early, did, dwt, dfl, dh, T, E, k, H,
+                                   with_masks ? dmasks.as<uint32_t>() : nullptr,
+                                   quads ? ScaleLayout::row_quads : ScaleLayout::group_major);
       const int rows = want.offsets.back();
       EXPECT_EQ(got.offsets, want.offsets);
       EXPECT_EQ(got.route_row, want.route_row);
@@ -118,7 +127,7 @@ TEST(DispatchQuantGpu, MatchesDispatchThenQuantiseBitForBit) {
       EXPECT_EQ(got.status.nan_tokens, want.status.nan_tokens);
       EXPECT_EQ(got.status.dropped_routes, want.status.dropped_routes);
       EXPECT_EQ(got.codes, want.codes);
-      EXPECT_EQ(got.scales, want.scales);
+      EXPECT_EQ(got.scales, quads ? want_quads.scales : want.scales);
       for (uint32_t z : got.zeroed) ASSERT_EQ(z, 0u);
       EXPECT_EQ(got.words, std::vector<int32_t>(2, 0));
     }

@@ -46,7 +46,8 @@ void run_case(const GemmCase& c, CombineMode mode, uint64_t seed) {
   std::vector<float> ts(size_t(s.tokens * KB));
   quantize_1x128_ref(hidden.data(), s.tokens, K, tq.data(), ts.data());
   std::vector<uint8_t> x(size_t(Tp * K), 0x7f), a_sorted(size_t(Rp * K), 0x7f);
-  std::vector<float> x_scales(size_t(KB * Tp), NAN), a_scales(size_t(KB * Rp), NAN);
+  std::vector<float> x_scales(size_t(KB * Tp), NAN), a_scales(size_t(KB * Rp), NAN),
+      a_scale_quads(size_t(scale_floats(KB, Rp)), NAN);
   std::copy(tq.begin(), tq.end(), x.begin());
   for (int64_t t = 0; t < s.tokens; ++t)
     for (int64_t g = 0; g < KB; ++g) x_scales[size_t(g * Tp + t)] = ts[size_t(t * KB + g)];
@@ -63,6 +64,7 @@ void run_case(const GemmCase& c, CombineMode mode, uint64_t seed) {
     for (int64_t g = 0; g < KB; ++g) {
       a_row_scales[size_t(row * KB + g)] = ts[size_t(t * KB + g)];
       a_scales[size_t(g * Rp + row)] = ts[size_t(t * KB + g)];
+      a_scale_quads[size_t(scale_index(ScaleLayout::row_quads, g, row, Rp))] = ts[size_t(t * KB + g)];
     }
     row_token[size_t(row)] = int32_t(t);
     row_weight[size_t(row)] = routes.topk.weights[size_t(route)];
@@ -90,7 +92,8 @@ void run_case(const GemmCase& c, CombineMode mode, uint64_t seed) {
 
   DeviceBuffer dw = DeviceBuffer::from(w.w1_q), dws = DeviceBuffer::from(w.w1_scales);
   DeviceBuffer dx = DeviceBuffer::from(x), dxs = DeviceBuffer::from(x_scales);
-  DeviceBuffer da = DeviceBuffer::from(a_sorted), das = DeviceBuffer::from(a_scales);
+  DeviceBuffer da = DeviceBuffer::from(a_sorted), das = DeviceBuffer::from(a_scales),
+               dasq = DeviceBuffer::from(a_scale_quads);
   DeviceBuffer doff = DeviceBuffer::from(d.offsets), dtok = DeviceBuffer::from(row_token),
                dwt = DeviceBuffer::from(row_weight);
   const int64_t out_rows = mode == CombineMode::atomic ? s.tokens : R;
@@ -123,7 +126,9 @@ void run_case(const GemmCase& c, CombineMode mode, uint64_t seed) {
   auto launch = [&](const GemmFp8Config& cfg, bool pdl = false) {
     const bool gather = cfg.x_source == XSource::gather_by_token;
     p.x = gather ? dx.as<uint8_t>() : da.as<uint8_t>();
-    p.x_scales = gather ? dxs.as<float>() : das.as<float>();
+    // Sorted rows under the hand-off epilogue read their scales in row quads.
+    p.x_scale_layout = cfg.handoff_epilogue ? ScaleLayout::row_quads : ScaleLayout::group_major;
+    p.x_scales = gather ? dxs.as<float>() : cfg.handoff_epilogue ? dasq.as<float>() : das.as<float>();
     p.x_rows = gather ? Tp : Rp;
     // Atomic mode accumulates into zeros; store mode must overwrite every valid row (poison it).
     LOOM_CUDA_CHECK(cudaMemset(dout.get(), mode == CombineMode::atomic ? 0 : 0xff, dout.bytes()));

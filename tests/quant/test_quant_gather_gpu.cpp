@@ -85,12 +85,14 @@ struct Case {
   Distribution dist;
   bool pdl;
   bool token_order = false;  // route_row = nullptr: row t = token t (what the pipeline runs)
+  ScaleLayout scale_layout = ScaleLayout::group_major;  // row_quads: sorted rows only
 };
 
 std::string describe(const Case& c) {
   std::ostringstream s;
   s << "T=" << c.T << " H=" << c.H << " k=" << c.k << " E=" << c.E << " zero_cols=" << c.zero_cols
-    << " dist=" << to_string(c.dist) << " pdl=" << c.pdl << (c.token_order ? " token-order" : " gathered");
+    << " dist=" << to_string(c.dist) << " pdl=" << c.pdl << (c.token_order ? " token-order" : " gathered")
+    << (c.scale_layout == ScaleLayout::row_quads ? " scales in row quads" : " scales group-major");
   return s.str();
 }
 
@@ -141,13 +143,14 @@ void run_case(const Case& c, uint64_t seed) {
   std::vector<float> s_ref(size_t(T * G));
   quantize_1x128_ref(hidden.data(), T, H, q_ref.data(), s_ref.data());
   std::vector<uint8_t> want_a(size_t(R_pad * H), kCodePoison);
-  std::vector<uint32_t> want_s(size_t(G * R_pad), kNaNBits);
+  std::vector<uint32_t> want_s(size_t(scale_floats(G, R_pad)), kNaNBits);
   for (int64_t r = 0; r < (c.token_order ? T : T * k); ++r) {
     const int32_t row = c.token_order ? int32_t(r) : d.route_row[size_t(r)];
     if (row < 0) continue;
     const int64_t t = c.token_order ? r : r / k;
     std::memcpy(want_a.data() + row * H, q_ref.data() + t * H, size_t(H));
-    for (int64_t g = 0; g < G; ++g) std::memcpy(&want_s[size_t(g * R_pad + row)], &s_ref[size_t(t * G + g)], 4);
+    for (int64_t g = 0; g < G; ++g)
+      std::memcpy(&want_s[size_t(scale_index(c.scale_layout, g, row, R_pad))], &s_ref[size_t(t * G + g)], 4);
   }
 
   // Device buffers, outputs poisoned.
@@ -169,6 +172,7 @@ void run_case(const Case& c, uint64_t seed) {
   p.padded_rows = R_pad;
   p.a_sorted = d_a.as<uint8_t>();
   p.a_scales = d_s.as<float>();
+  p.scale_layout = c.scale_layout;
   p.zero_out = c.zero_cols < 0 ? nullptr : d_zero.as<float>();
   p.zero_cols = zc;
   // The words to zero (the GEMM's work queue in the pipeline), poisoned.
@@ -212,8 +216,10 @@ void run_case(const Case& c, uint64_t seed) {
     float gf, wf;
     std::memcpy(&gf, &got_s[size_t(first)], 4);
     std::memcpy(&wf, &want_s[size_t(first)], 4);
-    ADD_FAILURE() << bad << " scales differ; first at group " << first / R_pad << " row " << first % R_pad
-                  << ": got " << gf << " (0x" << std::hex << got_s[size_t(first)] << ") want " << wf << " (0x"
+ const bool quads = c.scale_layout == ScaleLayout::row_quads;
+    const int64_t group = quads ? first / (4 * R_pad) * 4 + first % 4 : first / R_pad,
+                  row = quads ? first / 4 % R_pad : first % R_pad;
+    ADD_FAILURE() << bad << " scales differ; first at group " << group << " row " << row << ": got " << gf << " (0x" << std::hex << got_s[size_t(first)] << ") want " << wf << " (0x"
                   << want_s[size_t(first)] << ")";
   }
 
@@ -249,6 +255,7 @@ TEST(QuantGatherGpu, MatchesReferenceBitForBit) {
       c.dist = dists[n % 3];
       c.pdl = n % 2 == 0;
       c.token_order = n % 3 == 1;
+      if (!c.token_order && n % 4 >= 2) c.scale_layout = ScaleLayout::row_quads;
       run_case(c, seed + uint64_t(n));
       ++n;
       if (HasFatalFailure()) return;
@@ -329,6 +336,10 @@ TEST(QuantGather, LauncherChecksShapes) {
   bad([](QuantGatherParams& q) {  // token order needs a row per token: 9 tokens, 8 rows
     q.route_row = nullptr;
     q.tokens = 9;
+  });
+  bad([](QuantGatherParams& q) {  // row quads are a sorted-rows layout
+    q.route_row = nullptr;
+    q.scale_layout = ScaleLayout::row_quads;
   });
   bad([&](QuantGatherParams& q) { q.hidden = static_cast<const uint16_t*>(fake(0x10008)); });
   bad([&](QuantGatherParams& q) { q.a_sorted = static_cast<uint8_t*>(fake(0x30004)); });
