@@ -77,8 +77,8 @@ static_assert(kXsStride >= kMaxChunk + kScaleAlign && (kXsStride * 4) % 128 == 0
 struct TensorMaps {
   CUtensorMap w;                 // [E*N, K] u8, box 128 x 128, 128-byte swizzle
   CUtensorMap x[kWidthCount];    // sorted rows only: [R_pad, K] u8, box width x 128, 128-byte swizzle
-  // Sorted rows only: the scales. Group-major [KB, R_pad] f32, box 1 x (width + 4), its start row
-  // aligned down to 4; or row quads [ceil(KB/4) * R_pad, 4] f32 (hand-off), box width x 4.
+  // Sorted rows, group-major scales only: [KB, R_pad] f32, box 1 x (width + 4), its start row
+  // aligned down to 4.
   CUtensorMap xs[kWidthCount];
 };
 
@@ -133,16 +133,29 @@ struct HandoffEpilogue {
   uint64_t empty;  // every epilogue thread, after its reads
 };
 
+// Activation scales, inline kernels: per stage, one group of the chunk's rows (kXsStride: see
+// stage_scale).
+template <int kStages>
+struct StageScales {
+  float xs[kStages][kXsStride];
+};
+// Hand-off kernel (sorted rows in row quads): a ring of its own, one slot per quad of K blocks
+// holding each chunk row's 4 groups (the 16-byte minimum of a TMA box's inner extent). Loading a
+// quad per stage instead read 4x the scale bytes and cost the GEMM 2-5 us at T=2048-8192.
+struct QuadScales {
+  static constexpr int kSlots = 2;  // the producer runs at most one quad ahead of the consumers' (stages <= 4)
+  float quad[kSlots][kMaxChunk * 4];
+  uint64_t full[kSlots];   // the producer's arrive.expect_tx, then the TMA bytes
+  uint64_t empty[kSlots];  // every consumer warp, after the quad's last block
+};
+
 template <int kStagesT, bool kHandoffT>
 struct alignas(1024) SharedStorage {
   static constexpr int kStages = kStagesT;
   static constexpr bool kHandoff = kHandoffT;
   uint8_t w[kStages][kWTileBytes];
   uint8_t x[kStages][kXTileBytes];
-  // Activation scales of the chunk's rows for the stage's K block: one group (kXsStride, see
-  // stage_scale), or with the hand-off each row's quad of groups (4 floats a row: the 16-byte
-  // minimum of a TMA box's inner extent).
-  float xs[kStages][kHandoff ? kMaxChunk * 4 : kXsStride];
+  std::conditional_t<kHandoff, QuadScales, StageScales<kStages>> scales;
   std::conditional_t<kHandoff, HandoffEpilogue, InlineEpilogue> epi;
   int32_t gather_token[kMaxChunk];    // producer: token of each row of the chunk being loaded, -1 past its end
   uint64_t full[kStages];
@@ -323,36 +336,70 @@ __device__ __forceinline__ void issue_block(S& s, float (&acc)[W / 2], uint32_t 
   ptx::wgmma_commit_group();
 }
 
-// Chunk column `col`'s activation scale for K block kb in a stage. Hand-off kernel: row quads, the
-// block's group at kb % 4 (the quad lanes' reads of columns 2q, 2q + 1 fall 8 floats apart: no bank
-// conflicts). Otherwise one group: gathered rows from 0, sorted rows from scale_shift (their box
-// began at the chunk's row rounded down to 4).
+// Where a block's activation scales are. Inline kernels: in the block's stage (buf = stage).
+// Hand-off: in quad slot buf, which the block waits for (parity `phase`) if it is its quad's first
+// in the chunk (quad_done frees it after the last).
+struct ScaleRead {
+  uint32_t buf, phase;
+  bool wait;
+};
+
+// Block kb's scales. The hand-off's quads start at a chunk's first block and at every kb % 4 == 0,
+// as the producer loads them.
 template <class S>
-__device__ __forceinline__ float stage_scale(const S& s, uint32_t stage, int col, int kb, int scale_shift) {
+__device__ __forceinline__ ScaleRead scale_read(const PipelineState<QuadScales::kSlots>& quad, uint32_t stage, int kb,
+                                                const Unit& unit) {
   if constexpr (S::kHandoff)
-    return s.xs[stage][col * 4 + kb % 4];
+    return ScaleRead{quad.stage, quad.phase, kb == unit.kb_begin || kb % 4 == 0};
   else
-    return s.xs[stage][scale_shift + col];
+    return ScaleRead{stage, 0, false};
+}
+// After promote_block of block kb (whose __syncwarp follows every lane's scale reads): frees the
+// quad slot after the quad's last block. (Arriving inside promote_block's lane-0 branch made the
+// consumer spill 156 bytes.)
+template <class S>
+__device__ __forceinline__ void quad_done(S& s, PipelineState<QuadScales::kSlots>& quad, int kb, const Unit& unit) {
+  if (kb % 4 == 3 || kb + 1 == unit.kb_end) {
+    if (threadIdx.x % 32 == 0) ptx::mbar_arrive(&s.scales.empty[quad.stage]);
+    quad.advance();
+  }
 }
 
-// Once `acc`'s group is done (kPending newer groups may stay in flight): read the stage's
-// activation scales, release the stage, promote final += acc * weight_scale * activation_scale.
+// Chunk column `col`'s activation scale for K block kb. Hand-off: the row's quad in slot buf, the
+// block's group at kb % 4 (the quad lanes' columns 2q, 2q + 1 fall 8 floats apart: no bank
+// conflicts). Otherwise one group in stage buf: gathered rows from 0, sorted rows from scale_shift
+// (their box began at the chunk's row rounded down to 4).
+template <class S>
+__device__ __forceinline__ float block_scale(const S& s, uint32_t buf, int col, int kb, int scale_shift) {
+  if constexpr (S::kHandoff)
+    return s.scales.quad[buf][col * 4 + kb % 4];
+  else
+    return s.scales.xs[buf][scale_shift + col];
+}
+
+// Once `acc`'s group is done (kPending newer groups may stay in flight): read the block's
+// activation scales, release the stage, promote
+// final += acc * weight_scale * activation_scale.
 template <int W, int kPending, class S>
 __device__ __forceinline__ void promote_block(S& s, float (&acc)[W / 2], float (&final_acc)[W / 2],
-                                              uint32_t stage, int kb, int scale_shift, float sw) {
+                                              uint32_t stage, const ScaleRead& sr, int kb, int scale_shift, float sw) {
   const int lane = threadIdx.x % 32, q = lane % 4;
   ptx::wgmma_wait_group<kPending>();
 #pragma unroll
   for (int i = 0; i < W / 2; ++i) ptx::fence_operand(acc[i]);
+  if constexpr (S::kHandoff)
+    if (sr.wait) ptx::mbar_wait(&s.scales.full[sr.buf], sr.phase);
   float sa[W / 4];
 #pragma unroll
   for (int j = 0; j < W / 8; ++j) {
-    sa[2 * j] = stage_scale(s, stage, 8 * j + 2 * q, kb, scale_shift) * sw;
-    sa[2 * j + 1] = stage_scale(s, stage, 8 * j + 2 * q + 1, kb, scale_shift) * sw;
+    sa[2 * j] = block_scale(s, sr.buf, 8 * j + 2 * q, kb, scale_shift) * sw;
+    sa[2 * j + 1] = block_scale(s, sr.buf, 8 * j + 2 * q + 1, kb, scale_shift) * sw;
   }
   // Every lane's shared-memory reads of this stage (wgmma operands, scales) are done: free it.
   __syncwarp();
-  if (lane == 0) ptx::mbar_arrive(&s.empty[stage]);
+  if (lane == 0) {
+    ptx::mbar_arrive(&s.empty[stage]);
+  }
 #pragma unroll
   for (int j = 0; j < W / 8; ++j) {
     final_acc[4 * j + 0] += acc[4 * j + 0] * sa[2 * j];
@@ -509,10 +556,11 @@ __device__ __forceinline__ void drain_staged_chunks(S& s, const KernelArgs& a, i
 // One chunk (up to W of an expert's rows against 128 weight rows) on one consumer warpgroup:
 // the K loop with per-block promotion, then the weighted epilogue (in this warpgroup, or handed to
 // the epilogue warps).
+// quad: the hand-off kernel's scale-quad slot and phase (runs on across chunks, as ps does).
 template <int W, bool kRescale, class S>
 __device__ __forceinline__ void consume_chunk(S& s, PipelineState<S::kStages>& ps, uint32_t& handoff_phase,
-                                              const KernelArgs& a, const Unit& unit, int row0, int chunk_rows,
-                                              int consumer, bool gather) {
+                                              PipelineState<QuadScales::kSlots>& quad, const KernelArgs& a,
+                                              const Unit& unit, int row0, int chunk_rows, int consumer, bool gather) {
   const int e = unit.expert, nb = unit.nb;
   using Mma = ptx::WgmmaE4M3<W>;
   constexpr int kRegs = Mma::kRegs;
@@ -548,8 +596,8 @@ __device__ __forceinline__ void consume_chunk(S& s, PipelineState<S::kStages>& p
       float s_cur[W / 4];
 #pragma unroll
       for (int j = 0; j < W / 8; ++j) {
-        s_cur[2 * j] = stage_scale(s, ps.stage, 8 * j + 2 * q, kb, scale_shift) * sw;
-        s_cur[2 * j + 1] = stage_scale(s, ps.stage, 8 * j + 2 * q + 1, kb, scale_shift) * sw;
+        s_cur[2 * j] = block_scale(s, ps.stage, 8 * j + 2 * q, kb, scale_shift) * sw;
+        s_cur[2 * j + 1] = block_scale(s, ps.stage, 8 * j + 2 * q + 1, kb, scale_shift) * sw;
       }
       if (kb > unit.kb_begin) {
 #pragma unroll
@@ -598,9 +646,13 @@ __device__ __forceinline__ void consume_chunk(S& s, PipelineState<S::kStages>& p
       next.advance();
       if (kb + 1 < unit.kb_end) {
         issue_block<W>(s, acc1, next.stage, next.phase, consumer, gather);
-        promote_block<W, 1>(s, acc0, final_acc, cur.stage, kb, scale_shift, weight_scale(kb));
+        promote_block<W, 1>(s, acc0, final_acc, cur.stage, scale_read<S>(quad, cur.stage, kb, unit), kb,
+                            scale_shift, weight_scale(kb));
+        if constexpr (S::kHandoff) quad_done(s, quad, kb, unit);
       } else {
-        promote_block<W, 0>(s, acc0, final_acc, cur.stage, kb, scale_shift, weight_scale(kb));
+        promote_block<W, 0>(s, acc0, final_acc, cur.stage, scale_read<S>(quad, cur.stage, kb, unit), kb,
+                            scale_shift, weight_scale(kb));
+        if constexpr (S::kHandoff) quad_done(s, quad, kb, unit);
         cur = next;
         break;
       }
@@ -609,9 +661,13 @@ __device__ __forceinline__ void consume_chunk(S& s, PipelineState<S::kStages>& p
       next.advance();
       if (kb + 1 < unit.kb_end) {
         issue_block<W>(s, acc0, next.stage, next.phase, consumer, gather);
-        promote_block<W, 1>(s, acc1, final_acc, cur.stage, kb, scale_shift, weight_scale(kb));
+        promote_block<W, 1>(s, acc1, final_acc, cur.stage, scale_read<S>(quad, cur.stage, kb, unit), kb,
+                            scale_shift, weight_scale(kb));
+        if constexpr (S::kHandoff) quad_done(s, quad, kb, unit);
       } else {
-        promote_block<W, 0>(s, acc1, final_acc, cur.stage, kb, scale_shift, weight_scale(kb));
+        promote_block<W, 0>(s, acc1, final_acc, cur.stage, scale_read<S>(quad, cur.stage, kb, unit), kb,
+                            scale_shift, weight_scale(kb));
+        if constexpr (S::kHandoff) quad_done(s, quad, kb, unit);
         cur = next;
         break;
       }
@@ -634,6 +690,8 @@ template <bool kRescale, bool kHandoff, Rows kRows>
 __global__ void __launch_bounds__(kThreads, 1)
     gemm_fp8_block_kernel(const __grid_constant__ TensorMaps maps, const KernelArgs a) {
   static_assert(!kHandoff || kRows == Rows::sorted, "the hand-off epilogue takes the producer threads a gather needs");
+  static_assert(!(kHandoff && kRescale), "the in-place rescale experiment runs with the epilogue in the consumers");
+  static_assert(!kHandoff || kStagesHandoff <= 4, "the producer runs at most one scale quad ahead (QuadScales::kSlots)");
   using S = SharedStorage<kHandoff ? kStagesHandoff : kStagesInline, kHandoff>;
   const bool gather = kRows == Rows::any ? a.gather != 0 : kRows == Rows::gathered;
   constexpr int kChunk = chunk_limit(kRows);
@@ -658,6 +716,10 @@ __global__ void __launch_bounds__(kThreads, 1)
     if constexpr (kHandoff) {
       ptx::mbar_init(&s.epi.full, 32 * kConsumerWarps);
       ptx::mbar_init(&s.epi.empty, 32 * kEpilogueWarps);
+      for (int i = 0; i < QuadScales::kSlots; ++i) {
+        ptx::mbar_init(&s.scales.full[i], 1);
+        ptx::mbar_init(&s.scales.empty[i], kConsumerWarps);
+      }
     }
     ptx::fence_mbar_init();
     ptx::prefetch_tensormap(&maps.w);
@@ -732,6 +794,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     // Sorted rows: thread 0 loads every tile by TMA (and, with the dynamic tail, first announces the
     // unit to the consumers).
     PipelineState<S::kStages> ring;  // unit_ring slot and phase (kUnitSlots < kStages: advanced by hand)
+    PipelineState<QuadScales::kSlots> quad;  // hand-off: the scale-quad ring
     auto announce = [&](int index, int row_begin, int rows) {
       ptx::mbar_wait(&s.unit_empty[ring.stage], ring.phase ^ 1);
       s.unit_ring[ring.stage] = make_int4(index, row_begin, rows, 0);
@@ -749,12 +812,26 @@ __global__ void __launch_bounds__(kThreads, 1)
       for (int chunk = 0; chunk < rows; chunk += kMaxChunk) {
         const int chunk_rows = min(kMaxChunk, rows - chunk);
         const int wi = width_index(chunk_rows), width = 16 << wi;
-        // Scales: the width rows' quads of groups (hand-off), or one group of width + 4 rows from
-        // the chunk's row rounded down to 4 (the inner start of a box must fall on 16 bytes).
+        // Scales: the width rows' quads of groups into the quad ring at each quad's first block
+        // (hand-off), or with every stage one group of width + 4 rows from the chunk's row rounded
+        // down to 4 (the inner start of a box must fall on 16 bytes).
         constexpr bool kQuads = S::kHandoff;
-        const uint32_t bytes = kWTileBytes + width * kBlockK + (kQuads ? width * 16 : (width + kScaleAlign) * 4);
+        const uint32_t bytes = kWTileBytes + width * kBlockK + (kQuads ? 0 : (width + kScaleAlign) * 4);
         const int scale_row = (row_begin + chunk) / kScaleAlign * kScaleAlign;
         for (int kb = unit.kb_begin; kb < unit.kb_end; ++kb) {
+          if constexpr (kQuads) {
+            if (kb == unit.kb_begin || kb % 4 == 0) {
+              // The chunk rows' quads are contiguous: one bulk copy (a 16-byte-wide TMA box, one
+              // request a row, measured 2-7 us slower GEMM-alone at T=2048-8192). Columns past the
+              // buffer's rows keep stale values; no row of the chunk is among them.
+              const int row0 = row_begin + chunk, quad_rows = min(width, int(a.x_rows) - row0);
+              ptx::mbar_wait(&s.scales.empty[quad.stage], quad.phase ^ 1);
+              ptx::mbar_arrive_expect_tx(&s.scales.full[quad.stage], uint32_t(quad_rows) * 16u);
+              ptx::bulk_load(s.scales.quad[quad.stage], a.x_scales + (int64_t(kb / 4) * a.x_rows + row0) * 4,
+                             uint32_t(quad_rows) * 16u, &s.scales.full[quad.stage]);
+              quad.advance();
+            }
+          }
           ptx::mbar_wait(&s.empty[ps.stage], ps.phase ^ 1);
           ptx::mbar_arrive_expect_tx(&s.full[ps.stage], bytes);
           load_weight_tile(s.w[ps.stage], kb, e * a.n + nb * kBlockM, &s.full[ps.stage]);
@@ -763,11 +840,7 @@ __global__ void __launch_bounds__(kThreads, 1)
                                   ptx::l2_policy_evict_first());
           else
             ptx::tma_load_2d(s.x[ps.stage], &maps.x[wi], kb * kBlockK, row_begin + chunk, &s.full[ps.stage]);
-          if constexpr (kQuads)
-            ptx::tma_load_2d(s.xs[ps.stage], &maps.xs[wi], 0, int(kb / 4 * a.x_rows) + row_begin + chunk,
-                             &s.full[ps.stage]);
-          else
-            ptx::tma_load_2d(s.xs[ps.stage], &maps.xs[wi], scale_row, kb, &s.full[ps.stage]);
+          if constexpr (!kQuads) ptx::tma_load_2d(s.scales.xs[ps.stage], &maps.xs[wi], scale_row, kb, &s.full[ps.stage]);
           ps.advance();
         }
       }
@@ -795,58 +868,61 @@ __global__ void __launch_bounds__(kThreads, 1)
     } else if (!gather) {
       while (pt == 0 && work.next(s, a, unit)) load_sorted_unit(unit, 0, false);
     }
-    bool dry = warm_up;
-    while (gather) {
-      const bool has_unit = work.next(s, a, unit);
-      int row_begin = 0, rows = 0;
-      if (has_unit) unit_rows(s, a, unit, row_begin, rows);
-      if (dry) {
-        // Warm-up: the code from the walk to here is now in the instruction caches. The unit and
-        // its rows (stale shared memory, or offsets still being written) are not used. A CTA the
-        // dry walk gives no unit ends it here too, so the CTA always meets in end_warm_up.
-        dry = false;
-        work = WorkCursor(a, end_warm_up());
-        continue;
-      }
-      if (!has_unit) break;
-      const int e = unit.expert, nb = unit.nb;
-#ifdef LOOM_CHAIN_TRACE
-      if (pt == 0 && first_tile) LOOM_TRACE(kGemmFirstRows);
-#endif
-      for (int chunk = 0; chunk < rows; chunk += kChunk) {
-        const int chunk_rows = min(kChunk, rows - chunk);
-        const int wi = width_index(chunk_rows), width = 16 << wi;
-        // The chunk's first weight tile does not need the row tokens: start it before their lookup.
-        if (pt == 0) {
-          ptx::mbar_wait(&s.empty[ps.stage], ps.phase ^ 1);
-          ptx::mbar_arrive_expect_tx(&s.full[ps.stage], kWTileBytes);
-          load_weight_tile(s.w[ps.stage], unit.kb_begin, e * a.n + nb * kBlockM, &s.full[ps.stage]);
+    // Gathered rows (no code of it in the sorted-rows kernels).
+    if constexpr (kRows != Rows::sorted) {
+      bool dry = warm_up;
+      while (gather) {
+        const bool has_unit = work.next(s, a, unit);
+        int row_begin = 0, rows = 0;
+        if (has_unit) unit_rows(s, a, unit, row_begin, rows);
+        if (dry) {
+          // Warm-up: the code from the walk to here is now in the instruction caches. The unit and
+          // its rows (stale shared memory, or offsets still being written) are not used. A CTA the
+          // dry walk gives no unit ends it here too, so the CTA always meets in end_warm_up.
+          dry = false;
+          work = WorkCursor(a, end_warm_up());
+          continue;
         }
-        // Every thread has issued the previous chunk's copies (their addresses are taken at issue).
-        ptx::named_barrier_sync(kGatherBarrier, kProducerThreads);
-        s.gather_token[pt] = pt < chunk_rows ? __ldg(a.row_token + row_begin + chunk + pt) : -1;
-        ptx::named_barrier_sync(kGatherBarrier, kProducerThreads);
-        const int scale_token = s.gather_token[pt];
-        for (int kb = unit.kb_begin; kb < unit.kb_end; ++kb) {
-          ptx::mbar_wait(&s.empty[ps.stage], ps.phase ^ 1);
-          if (pt == 0 && kb != unit.kb_begin) {
+        if (!has_unit) break;
+        const int e = unit.expert, nb = unit.nb;
+#ifdef LOOM_CHAIN_TRACE
+        if (pt == 0 && first_tile) LOOM_TRACE(kGemmFirstRows);
+#endif
+        for (int chunk = 0; chunk < rows; chunk += kChunk) {
+          const int chunk_rows = min(kChunk, rows - chunk);
+          const int wi = width_index(chunk_rows), width = 16 << wi;
+          // The chunk's first weight tile does not need the row tokens: start it before their lookup.
+          if (pt == 0) {
+            ptx::mbar_wait(&s.empty[ps.stage], ps.phase ^ 1);
             ptx::mbar_arrive_expect_tx(&s.full[ps.stage], kWTileBytes);
-            load_weight_tile(s.w[ps.stage], kb, e * a.n + nb * kBlockM, &s.full[ps.stage]);
+            load_weight_tile(s.w[ps.stage], unit.kb_begin, e * a.n + nb * kBlockM, &s.full[ps.stage]);
           }
-          const int kcol = kb * kBlockK + piece * 16;
-          uint8_t* tile = s.x[ps.stage];
-          for (int r = pass_row; r < width; r += kProducerThreads / (kBlockK / 16)) {
-            const int token = s.gather_token[r];
-            const bool ok = token >= 0 && kcol < a.k;
-            const uint8_t* src = ok ? a.x + int64_t(token) * a.k + kcol : a.x;
-            ptx::cp_async_16_zfill(ptx::smem_u32(tile + r * kBlockK + ((piece ^ (r % 8)) << 4)), src, ok ? 16u : 0u);
+          // Every thread has issued the previous chunk's copies (their addresses are taken at issue).
+          ptx::named_barrier_sync(kGatherBarrier, kProducerThreads);
+          s.gather_token[pt] = pt < chunk_rows ? __ldg(a.row_token + row_begin + chunk + pt) : -1;
+          ptx::named_barrier_sync(kGatherBarrier, kProducerThreads);
+          const int scale_token = s.gather_token[pt];
+          for (int kb = unit.kb_begin; kb < unit.kb_end; ++kb) {
+            ptx::mbar_wait(&s.empty[ps.stage], ps.phase ^ 1);
+            if (pt == 0 && kb != unit.kb_begin) {
+              ptx::mbar_arrive_expect_tx(&s.full[ps.stage], kWTileBytes);
+              load_weight_tile(s.w[ps.stage], kb, e * a.n + nb * kBlockM, &s.full[ps.stage]);
+            }
+            const int kcol = kb * kBlockK + piece * 16;
+            uint8_t* tile = s.x[ps.stage];
+            for (int r = pass_row; r < width; r += kProducerThreads / (kBlockK / 16)) {
+              const int token = s.gather_token[r];
+              const bool ok = token >= 0 && kcol < a.k;
+              const uint8_t* src = ok ? a.x + int64_t(token) * a.k + kcol : a.x;
+              ptx::cp_async_16_zfill(ptx::smem_u32(tile + r * kBlockK + ((piece ^ (r % 8)) << 4)), src, ok ? 16u : 0u);
+            }
+            if (pt < width) {
+              const float* src = scale_token >= 0 ? a.x_scales + int64_t(kb) * a.x_rows + scale_token : a.x_scales;
+              ptx::cp_async_4_zfill(ptx::smem_u32(&s.scales.xs[ps.stage][pt]), src, scale_token >= 0 ? 4u : 0u);
+            }
+            ptx::cp_async_mbar_arrive_noinc(&s.full[ps.stage]);
+            ps.advance();
           }
-          if (pt < width) {
-            const float* src = scale_token >= 0 ? a.x_scales + int64_t(kb) * a.x_rows + scale_token : a.x_scales;
-            ptx::cp_async_4_zfill(ptx::smem_u32(&s.xs[ps.stage][pt]), src, scale_token >= 0 ? 4u : 0u);
-          }
-          ptx::cp_async_mbar_arrive_noinc(&s.full[ps.stage]);
-          ps.advance();
         }
       }
     }
@@ -855,6 +931,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     const int consumer = warpgroup - 1;
     PipelineState<S::kStages> ps;
     uint32_t handoff_phase = 0;
+    PipelineState<QuadScales::kSlots> quad;  // hand-off: the scale-quad ring, as the producer's
     WorkCursor work(a, warm_up ? end_warm_up() : units);
     Unit unit;
     const bool dynamic = !gather && a.work_queue != nullptr;
@@ -880,14 +957,14 @@ __global__ void __launch_bounds__(kThreads, 1)
         const int chunk_rows = min(kChunk, rows - chunk), row0 = row_begin + chunk;
         const int wi = width_index(chunk_rows);
         if (wi == 0)
-          consume_chunk<16, kRescale>(s, ps, handoff_phase, a, unit, row0, chunk_rows, consumer, gather);
+          consume_chunk<16, kRescale>(s, ps, handoff_phase, quad, a, unit, row0, chunk_rows, consumer, gather);
         else if (kRows == Rows::gathered || wi == 1)
-          consume_chunk<32, kRescale>(s, ps, handoff_phase, a, unit, row0, chunk_rows, consumer, gather);
+          consume_chunk<32, kRescale>(s, ps, handoff_phase, quad, a, unit, row0, chunk_rows, consumer, gather);
         else if constexpr (kRows != Rows::gathered) {
           if (wi == 2)
-            consume_chunk<64, kRescale>(s, ps, handoff_phase, a, unit, row0, chunk_rows, consumer, gather);
+            consume_chunk<64, kRescale>(s, ps, handoff_phase, quad, a, unit, row0, chunk_rows, consumer, gather);
           else
-            consume_chunk<128, kRescale>(s, ps, handoff_phase, a, unit, row0, chunk_rows, consumer, gather);
+            consume_chunk<128, kRescale>(s, ps, handoff_phase, quad, a, unit, row0, chunk_rows, consumer, gather);
         }
       }
     }
@@ -1003,6 +1080,8 @@ void launch_gemm_fp8(const GemmFp8Params& p, const GemmFp8Config& cfg, const Dev
     throw Error("fp8 GEMM: config not instantiated: " + cfg.str());
   if (cfg.handoff_epilogue && cfg.x_source != XSource::sorted_rows)
     throw Error("fp8 GEMM: the hand-off epilogue needs sorted rows (gathering takes every producer thread)");
+  if (cfg.handoff_epilogue && cfg.rescale_promotion)
+    throw Error("fp8 GEMM: the in-place rescale experiment runs with the epilogue in the consumers (no hand-off)");
   const ScaleLayout scale_layout = cfg.handoff_epilogue ? ScaleLayout::row_quads : ScaleLayout::group_major;
   if (p.x_scale_layout != scale_layout)
     throw Error(std::string("fp8 GEMM: this config reads activation scales ") +
@@ -1021,18 +1100,14 @@ void launch_gemm_fp8(const GemmFp8Params& p, const GemmFp8Config& cfg, const Dev
   maps.w = make_tensor_map_2d(p.weights, CU_TENSOR_MAP_DATA_TYPE_UINT8, 1, uint64_t(p.experts) * p.n, p.k, p.k,
                               kBlockM, kBlockK, TmaSwizzle::b128);
   const bool gather = cfg.x_source == XSource::gather_by_token;
-  if (scale_floats(kblocks, p.x_rows) / 4 >= (int64_t(1) << 31))
-    throw Error("fp8 GEMM: ceil(K/512) x x_rows exceeds the kernel's 32-bit scale row coordinate");
   if (!gather) {
     for (int i = 0; i < kWidthCount; ++i) {
       maps.x[i] = make_tensor_map_2d(p.x, CU_TENSOR_MAP_DATA_TYPE_UINT8, 1, p.x_rows, p.k, p.k, 16 << i, kBlockK,
                                      TmaSwizzle::b128);
-      maps.xs[i] = scale_layout == ScaleLayout::row_quads
-                       ? make_tensor_map_2d(p.x_scales, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 4,
-                                            uint64_t(scale_floats(kblocks, p.x_rows) / 4), 4, 16, 16 << i, 4,
-                                            TmaSwizzle::none)
-                       : make_tensor_map_2d(p.x_scales, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 4, kblocks, p.x_rows,
-                                            p.x_rows * 4, 1, (16 << i) + kScaleAlign, TmaSwizzle::none);
+      // (Row quads come by 1-D bulk copies: no map.)
+      if (scale_layout == ScaleLayout::group_major)
+        maps.xs[i] = make_tensor_map_2d(p.x_scales, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 4, kblocks, p.x_rows, p.x_rows * 4,
+                                        1, (16 << i) + kScaleAlign, TmaSwizzle::none);
     }
   }
   KernelArgs a{p.weights,
@@ -1067,17 +1142,14 @@ void launch_gemm_fp8(const GemmFp8Params& p, const GemmFp8Config& cfg, const Dev
   // + alignment slack for the 1024-byte base
   const size_t smem = (cfg.handoff_epilogue ? sizeof(HandoffStorage) : sizeof(InlineStorage)) + 1024;
   // The enumerated instantiations: gathered batches, sorted rows with either epilogue, and the
-  // in-place rescale experiment (either source, or sorted rows with the hand-off).
+  // in-place rescale experiment (either source, epilogue in the consumers).
   using Kernel = void (*)(const TensorMaps, const KernelArgs);
-  static constexpr Kernel kernels[5] = {
+  static constexpr Kernel kernels[4] = {
       gemm_fp8_block_kernel<false, false, Rows::gathered>, gemm_fp8_block_kernel<false, false, Rows::sorted>,
-      gemm_fp8_block_kernel<false, true, Rows::sorted>, gemm_fp8_block_kernel<true, false, Rows::any>,
-      gemm_fp8_block_kernel<true, true, Rows::sorted>};
-  const int variant = cfg.rescale_promotion ? (cfg.handoff_epilogue ? 4 : 3)
-                      : gather              ? 0
-                                            : (cfg.handoff_epilogue ? 2 : 1);
+      gemm_fp8_block_kernel<false, true, Rows::sorted>, gemm_fp8_block_kernel<true, false, Rows::any>};
+  const int variant = cfg.rescale_promotion ? 3 : gather ? 0 : (cfg.handoff_epilogue ? 2 : 1);
   const Kernel kernel = kernels[variant];
-  static bool configured[5] = {};
+  static bool configured[4] = {};
   if (!configured[variant]) {
     LOOM_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
     configured[variant] = true;

@@ -68,6 +68,7 @@ Plan plan(const Shape& s, const Routing& r, const Options& o) {
   GemmFp8Config gc = choose_gemm_fp8_config(s.tokens, s.topk, s.experts, s.inter, s.hidden, o.deterministic, *dev);
   gc.prefetch = gc.prefetch && o.prefetch_weights;  // as run() will launch it
   gc.rescale_promotion = o.rescale_promotion;
+  if (gc.rescale_promotion) set_handoff_epilogue(gc, false);  // the experiment has no hand-off kernel
   gc.bulk_combine = o.bulk_combine;
   p.gemm_config = gc.str();
 
@@ -176,6 +177,7 @@ void run_stages(const Plan& p, const Weights& w, const Inputs& in, void* output,
   GemmFp8Config gc = choose_gemm_fp8_config(T, k, E, s.inter, s.hidden, p.options.deterministic, dev);
   gc.prefetch = gc.prefetch && p.options.prefetch_weights;
   gc.rescale_promotion = p.options.rescale_promotion;
+  if (gc.rescale_promotion) set_handoff_epilogue(gc, false);  // as plan() chose
   gc.bulk_combine = p.options.bulk_combine;
   const Chain chain = chain_for(p, T, from_logits);  // the same config choice, so the same layout
   const bool sorted = chain.sorted_rows;

@@ -15,6 +15,12 @@ __device__ __forceinline__ void tma_load_2d(void* dst, const CUtensorMap* map, i
   cuda::ptx::cp_async_bulk_tensor(cuda::ptx::space_cluster, cuda::ptx::space_global, dst, map, coords, bar);
 }
 
+// 1-D bulk copy of `bytes` (a multiple of 16; both addresses 16-byte aligned) from global memory
+// into this CTA's shared memory; completion counted on `bar` in bytes.
+__device__ __forceinline__ void bulk_load(void* dst, const void* src, uint32_t bytes, uint64_t* bar) {
+  cuda::ptx::cp_async_bulk(cuda::ptx::space_cluster, cuda::ptx::space_global, dst, src, bytes, bar);
+}
+
 // An L2 policy for the cache-hinted load below: its lines are the first evicted (createpolicy, not
 // in cuda::ptx).
 __device__ __forceinline__ uint64_t l2_policy_evict_first() {
