@@ -51,10 +51,12 @@ constexpr int kWTileBytes = kBlockM * kBlockK;
 constexpr int kXTileBytes = kMaxChunk * kBlockK;
 // Which activation source a kernel instantiation serves (Rows::any: KernelArgs::gather says). The
 // gathered batches (T <= 32) have a kernel of their own, whose chunks are at most kGatherMaxTokens
-// rows: without the sorted-rows, dynamic-tail and wide-chunk code its code is 48 KB instead of
+// rows: without the sorted-rows, dynamic-tail and wide-chunk code its code is 55 KB instead of
 // 128, and at small T the GEMM waits on instruction fetch (docs/perf.md, ninth and tenth sessions).
 enum class Rows { any, gathered, sorted };
-__host__ __device__ constexpr int chunk_limit(Rows rows) { return rows == Rows::gathered ? kGatherMaxTokens : kMaxChunk; }
+__host__ __device__ constexpr int chunk_limit(Rows rows) {
+  return rows == Rows::gathered ? kGatherMaxTokens : kMaxChunk;
+}
 
 static_assert(kWTileBytes % 1024 == 0 && kXTileBytes % 1024 == 0,
               "128-byte-swizzled TMA tiles must start on 1024-byte boundaries");
@@ -134,18 +136,18 @@ struct HandoffEpilogue {
 };
 
 // Activation scales, inline kernels: per stage, one group of the chunk's rows (kXsStride: see
-// stage_scale).
+// block_scale).
 template <int kStages>
 struct StageScales {
   float xs[kStages][kXsStride];
 };
-// Hand-off kernel (sorted rows in row quads): a ring of its own, one slot per quad of K blocks
-// holding each chunk row's 4 groups (the 16-byte minimum of a TMA box's inner extent). Loading a
-// quad per stage instead read 4x the scale bytes and cost the GEMM 2-5 us at T=2048-8192.
+// Hand-off kernel (scales in row quads, ScaleLayout::row_quads): a ring of its own, one slot per
+// quad of K blocks holding each chunk row's 4 groups, so each scale is read once (a 4-group box
+// with every stage would read 4x the bytes).
 struct QuadScales {
-  static constexpr int kSlots = 2;  // the producer runs at most one quad ahead of the consumers' (stages <= 4)
+  static constexpr int kSlots = 2;  // the producer runs at most one quad ahead of the consumers (stages <= 4)
   float quad[kSlots][kMaxChunk * 4];
-  uint64_t full[kSlots];   // the producer's arrive.expect_tx, then the TMA bytes
+  uint64_t full[kSlots];   // the producer's arrive.expect_tx, then the bulk copy's bytes
   uint64_t empty[kSlots];  // every consumer warp, after the quad's last block
 };
 
@@ -397,9 +399,7 @@ __device__ __forceinline__ void promote_block(S& s, float (&acc)[W / 2], float (
   }
   // Every lane's shared-memory reads of this stage (wgmma operands, scales) are done: free it.
   __syncwarp();
-  if (lane == 0) {
-    ptx::mbar_arrive(&s.empty[stage]);
-  }
+  if (lane == 0) ptx::mbar_arrive(&s.empty[stage]);
 #pragma unroll
   for (int j = 0; j < W / 8; ++j) {
     final_acc[4 * j + 0] += acc[4 * j + 0] * sa[2 * j];
@@ -691,7 +691,8 @@ __global__ void __launch_bounds__(kThreads, 1)
     gemm_fp8_block_kernel(const __grid_constant__ TensorMaps maps, const KernelArgs a) {
   static_assert(!kHandoff || kRows == Rows::sorted, "the hand-off epilogue takes the producer threads a gather needs");
   static_assert(!(kHandoff && kRescale), "the in-place rescale experiment runs with the epilogue in the consumers");
-  static_assert(!kHandoff || kStagesHandoff <= 4, "the producer runs at most one scale quad ahead (QuadScales::kSlots)");
+  static_assert(!kHandoff || kStagesHandoff <= 4,
+                "the producer runs at most one scale quad ahead (QuadScales::kSlots)");
   using S = SharedStorage<kHandoff ? kStagesHandoff : kStagesInline, kHandoff>;
   const bool gather = kRows == Rows::any ? a.gather != 0 : kRows == Rows::gathered;
   constexpr int kChunk = chunk_limit(kRows);
@@ -821,9 +822,8 @@ __global__ void __launch_bounds__(kThreads, 1)
         for (int kb = unit.kb_begin; kb < unit.kb_end; ++kb) {
           if constexpr (kQuads) {
             if (kb == unit.kb_begin || kb % 4 == 0) {
-              // The chunk rows' quads are contiguous: one bulk copy (a 16-byte-wide TMA box, one
-              // request a row, measured 2-7 us slower GEMM-alone at T=2048-8192). Columns past the
-              // buffer's rows keep stale values; no row of the chunk is among them.
+              // The chunk rows' quads are contiguous: one bulk copy. Columns past the buffer's rows
+              // keep stale values; no row of the chunk is among them.
               const int row0 = row_begin + chunk, quad_rows = min(width, int(a.x_rows) - row0);
               ptx::mbar_wait(&s.scales.empty[quad.stage], quad.phase ^ 1);
               ptx::mbar_arrive_expect_tx(&s.scales.full[quad.stage], uint32_t(quad_rows) * 16u);
@@ -840,7 +840,8 @@ __global__ void __launch_bounds__(kThreads, 1)
                                   ptx::l2_policy_evict_first());
           else
             ptx::tma_load_2d(s.x[ps.stage], &maps.x[wi], kb * kBlockK, row_begin + chunk, &s.full[ps.stage]);
-          if constexpr (!kQuads) ptx::tma_load_2d(s.scales.xs[ps.stage], &maps.xs[wi], scale_row, kb, &s.full[ps.stage]);
+          if constexpr (!kQuads)
+            ptx::tma_load_2d(s.scales.xs[ps.stage], &maps.xs[wi], scale_row, kb, &s.full[ps.stage]);
           ps.advance();
         }
       }

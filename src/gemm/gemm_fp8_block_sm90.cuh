@@ -65,6 +65,7 @@ struct GemmFp8Config {
   XSource x_source = XSource::gather_by_token;  // what GemmFp8Params::x holds
   // Promotion: false = block accumulator added into a final one (scaled), true = one accumulator
   // rescaled in place by s_prev / s_next at each K block (the issue's experiment; see perf.md).
+  // The experiment runs with the epilogue in the consumers only (not with handoff_epilogue).
   bool rescale_promotion = false;
   // Fast combine: one cp.reduce.async.bulk of a token's 64 outputs from shared memory instead of
   // red.global.add.v4.f32 from each thread (the issue's comparison; see perf.md).
@@ -74,7 +75,8 @@ struct GemmFp8Config {
   bool x_evict_first = false;  // sorted rows only
   // Sorted rows only: the consumers stage each chunk's result once and go on to the next chunk's
   // MMAs while the producer warpgroup's spare warps (thread 0 alone issues the loads) weight and
-  // reduce it; its staging takes two stages' shared memory (stages 4, else 6).
+  // reduce it; its staging takes two stages' shared memory (stages 4, else 6). It reads the
+  // activation scales in row quads (GemmFp8Params::x_scale_layout), one bulk copy per 4 K blocks.
   bool handoff_epilogue = false;
   // Gathered rows, launched with PDL: before the wait the producer walks to its first unit's rows
   // once, dry, so that code is in the instruction caches when the wait ends (instruction fetch
