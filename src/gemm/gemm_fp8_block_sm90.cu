@@ -148,7 +148,9 @@ struct QuadScales {
   static constexpr int kSlots = 2;  // the producer runs at most one quad ahead of the consumers (stages <= 4)
   float quad[kSlots][kMaxChunk * 4];
   uint64_t full[kSlots];   // the producer's arrive.expect_tx, then the bulk copy's bytes
-  uint64_t empty[kSlots];  // every consumer warp, after the quad's last block
+  // Every consumer thread, after its reads of the quad's last block: each its own arrival, so the
+  // order is explicit (racecheck does not see a lane-0 arrival after __syncwarp as ordered).
+  uint64_t empty[kSlots];
 };
 
 template <int kStagesT, bool kHandoffT>
@@ -356,13 +358,12 @@ __device__ __forceinline__ ScaleRead scale_read(const PipelineState<QuadScales::
   else
     return ScaleRead{stage, 0, false};
 }
-// After promote_block of block kb (whose __syncwarp follows every lane's scale reads): frees the
-// quad slot after the quad's last block. (Arriving inside promote_block's lane-0 branch made the
-// consumer spill 156 bytes.)
+// After promote_block of block kb (which read this thread's scales): frees the quad slot after the
+// quad's last block, once per quad (arriving inside promote_block made the consumer spill).
 template <class S>
 __device__ __forceinline__ void quad_done(S& s, PipelineState<QuadScales::kSlots>& quad, int kb, const Unit& unit) {
   if (kb % 4 == 3 || kb + 1 == unit.kb_end) {
-    if (threadIdx.x % 32 == 0) ptx::mbar_arrive(&s.scales.empty[quad.stage]);
+    ptx::mbar_arrive(&s.scales.empty[quad.stage]);
     quad.advance();
   }
 }
@@ -719,7 +720,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       ptx::mbar_init(&s.epi.empty, 32 * kEpilogueWarps);
       for (int i = 0; i < QuadScales::kSlots; ++i) {
         ptx::mbar_init(&s.scales.full[i], 1);
-        ptx::mbar_init(&s.scales.empty[i], kConsumerWarps);
+        ptx::mbar_init(&s.scales.empty[i], 32 * kConsumerWarps);
       }
     }
     ptx::fence_mbar_init();
