@@ -239,8 +239,11 @@ void launch_dispatch_quant(const DispatchParams& dp, const QuantGatherParams& qp
   const int words = (dp.tokens + 31) / 32;
   const size_t smem = Smem::bytes(dp.experts, words);
   const bool wide = dp.tokens >= kWideMinTokens, masks = dp.token_masks != nullptr;
-  auto* kernel = wide ? (masks ? dispatch_quant_kernel<kWideThreads, true> : dispatch_quant_kernel<kWideThreads, false>)
-                      : (masks ? dispatch_quant_kernel<kNarrowThreads, true> : dispatch_quant_kernel<kNarrowThreads, false>);
+  using Kernel = void (*)(const DispatchParams, const QuantGatherParams, int);
+  static constexpr Kernel kernels[2][2] = {
+      {dispatch_quant_kernel<kNarrowThreads, false>, dispatch_quant_kernel<kNarrowThreads, true>},
+      {dispatch_quant_kernel<kWideThreads, false>, dispatch_quant_kernel<kWideThreads, true>}};
+  const Kernel kernel = kernels[wide][masks];
   const int threads = wide ? kWideThreads : kNarrowThreads;
   static bool configured[2][2] = {{false, false}, {false, false}};
   if (!configured[wide][masks]) {

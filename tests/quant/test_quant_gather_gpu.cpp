@@ -216,11 +216,11 @@ void run_case(const Case& c, uint64_t seed) {
     float gf, wf;
     std::memcpy(&gf, &got_s[size_t(first)], 4);
     std::memcpy(&wf, &want_s[size_t(first)], 4);
- const bool quads = c.scale_layout == ScaleLayout::row_quads;
+    const bool quads = c.scale_layout == ScaleLayout::row_quads;
     const int64_t group = quads ? first / (4 * R_pad) * 4 + first % 4 : first / R_pad,
                   row = quads ? first / 4 % R_pad : first % R_pad;
-    ADD_FAILURE() << bad << " scales differ; first at group " << group << " row " << row << ": got " << gf << " (0x" << std::hex << got_s[size_t(first)] << ") want " << wf << " (0x"
-                  << want_s[size_t(first)] << ")";
+    ADD_FAILURE() << bad << " scales differ; first at group " << group << " row " << row << ": got " << gf << " (0x"
+                  << std::hex << got_s[size_t(first)] << ") want " << wf << " (0x" << want_s[size_t(first)] << ")";
   }
 
   EXPECT_EQ(d_words.to_host<int32_t>(), std::vector<int32_t>(2, 0)) << "zero_words not cleared";
