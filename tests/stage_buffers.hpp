@@ -4,6 +4,7 @@
 
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <initializer_list>
 
@@ -44,7 +45,7 @@ struct RouteOutputs {
 
 // The dispatch outputs of T tokens x k slots over E experts, every byte set to `byte`.
 struct DispatchOutputs {
-  bench::DeviceBuffer offsets, route_row, row_token, row_weight, status;
+  bench::DeviceBuffer offsets, route_row, row_token, row_weight, status, slice_counts;
   int tokens, topk, experts;
   DispatchOutputs(int T, int k, int E, int byte)
       : offsets(size_t(E + 1) * 4),
@@ -52,10 +53,11 @@ struct DispatchOutputs {
         row_token(size_t(T) * size_t(k) * 4),
         row_weight(size_t(T) * size_t(k) * 4),
         status(sizeof(LayerStatus)),
+        slice_counts(std::max<size_t>(4, dispatch_slice_count_bytes(T, k, E))),
         tokens(T),
         topk(k),
         experts(E) {
-    poison({&offsets, &route_row, &row_token, &row_weight, &status}, byte);
+    poison({&offsets, &route_row, &row_token, &row_weight, &status, &slice_counts}, byte);
   }
   // The dispatch of these top-k ids and weights (and NaN flags, or null) into these buffers.
   DispatchParams params(const int32_t* ids, const float* weights, const uint8_t* nan_flags) {
@@ -71,6 +73,7 @@ struct DispatchOutputs {
     p.row_token = row_token.as<int32_t>();
     p.row_weight = row_weight.as<float>();
     p.status = status.as<LayerStatus>();
+    p.slice_counts = slice_counts.as<int32_t>();
     return p;
   }
 };

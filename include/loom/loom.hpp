@@ -59,7 +59,7 @@ struct Plan {
   // Workspace carve-up (byte offsets), sized for shape.tokens.
   struct Layout {
     size_t topk_ids, topk_weights, nan_flags, offsets, route_row, row_token, row_weight, x, x_scales, y,
-        gemm_queue, hit_list, token_masks, status, total;
+        gemm_queue, hit_list, token_masks, slice_counts, status, total;
   } layout{};
 };
 

@@ -7,9 +7,15 @@
 //   ranges of 32 * steps routes (a warp handles `steps` steps of 32 routes; steps <= 4, so a warp
 //   keeps all its ids and weights in registers from its first load to its last store).
 //
+//   With more than one CTA, a count kernel runs first: each of its CTAs counts one slice's routes
+//   per expert (and its out-of-range ids) into a row of DispatchParams::slice_counts, with plain
+//   stores (every cell every run: nothing to clear). The dispatch CTAs then read the other slices'
+//   counts from there instead of each counting every route of the batch again (at T=8192, k=8 that
+//   recount was 8-12 us of the kernel's 14-18 on the chain trace).
+//
 //   Shared memory holds a count table of kRows = 34 rows x `window` experts (row stride odd, so
 //   walking down a column touches distinct banks):
-//     row 0        routes of this expert before this CTA's slice (other CTAs' routes)
+//     row 0        routes of this expert before this CTA's slice (other slices' counts)
 //     row 1 + w    routes of this expert in warp w's range
 //     row 33       routes of this expert after this CTA's slice
 //   Read in expert-major, row-minor order, the exclusive scan of the table is exactly the stable
@@ -25,8 +31,7 @@
 // Phases per expert window (one window when E <= 1024):
 //   1. each warp zeroes its own row; threads zero rows 0 and 33; __syncwarp
 //   2. each warp counts its own routes into its row (shared atomics; it alone touches it)
-//      [more than one CTA: __syncthreads; all warps count the routes outside the slice into
-//       rows 0 / 33 with 16-byte loads]
+//      [more than one CTA: __syncthreads; the threads add the other slices' counts into rows 0 / 33]
 //   3. __syncthreads; block scan of the table (serial run per thread, warp shuffles, one exchange
 //      of warp totals through shared memory: __syncthreads), written back as cursors / deltas
 //   4. __syncthreads; each warp walks its steps in order: __match_any_sync groups the lanes of one
@@ -57,8 +62,8 @@ constexpr int kMaxSteps = 4;            // 32-route steps per warp in its CTA's 
 constexpr int kSliceUnit = kThreads;    // routes per CTA per step
 constexpr int kWindow = 1024;           // most experts per pass
 constexpr int kRows = kWarps + 2;       // before, warps 0..31, after
-constexpr int kMaxCtasBeforeSteps = 32; // grow the slice (steps) before the CTA count passes this
-constexpr int kQuadsInFlight = 4;       // 16-byte loads in flight per thread when counting other slices
+// Grow the slice (steps) before the CTA count passes this: every CTA reads all CTAs' slice counts.
+constexpr int kMaxCtasBeforeSteps = 128;
 constexpr unsigned kFull = 0xffffffffu;
 
 struct Geometry {
@@ -76,51 +81,44 @@ __device__ __forceinline__ unsigned lanemask_lt() {
   return m;
 }
 
-// Counts routes [lo, hi) of the whole batch into `row` (block-wide, shared atomics): every thread
-// takes quads of 4 consecutive routes, kQuadsInFlight 16-byte loads in flight. A non-empty range
-// starts on a slice boundary (a multiple of 1024); an empty one may start anywhere (the last CTA's
-// "after" range is [T*k, T*k)), so it must not touch the quad holding lo. Counts out-of-range ids
-// into `drop` when asked.
-__device__ __forceinline__ void count_other_routes(const int32_t* ids, unsigned lo, unsigned hi, int* row,
-                                                   unsigned e0, unsigned width, unsigned experts, bool vec,
-                                                   bool count_drop, int& drop) {
-  if (lo >= hi) return;
-  const unsigned qlo = lo / 4, qhi = (hi + 3) / 4;
-  for (unsigned q0 = qlo + threadIdx.x; q0 < qhi; q0 += kQuadsInFlight * kThreads) {
-    int v[kQuadsInFlight][4];
-    int n[kQuadsInFlight];
-#pragma unroll
-    for (int u = 0; u < kQuadsInFlight; ++u) {
-      const unsigned q = q0 + unsigned(u) * kThreads;
-      const unsigned r = 4 * q;
-      n[u] = 0;
-      if (q < qhi) {
-        if (vec && r + 4 <= hi) {
-          const int4 t = *reinterpret_cast<const int4*>(ids + r);
-          v[u][0] = t.x;
-          v[u][1] = t.y;
-          v[u][2] = t.z;
-          v[u][3] = t.w;
-          n[u] = 4;
-        } else {
-          n[u] = int(min(4u, hi - r));
-#pragma unroll
-          for (int j = 0; j < 4; ++j) v[u][j] = j < n[u] ? ids[r + j] : 0;
-        }
-      }
-    }
-#pragma unroll
-    for (int u = 0; u < kQuadsInFlight; ++u) {
-#pragma unroll
-      for (int j = 0; j < 4; ++j) {
-        if (j < n[u]) {
-          const unsigned e = unsigned(v[u][j]) - e0;
-          if (e < width) atomicAdd(&row[e], 1);
-          if (count_drop && unsigned(v[u][j]) >= experts) ++drop;
-        }
-      }
-    }
+// Per-expert counts of slice blockIdx.x's routes into row blockIdx.x of p.slice_counts (E + 1
+// words: the experts, then the out-of-range ids).
+__global__ void __launch_bounds__(kThreads) dispatch_count_kernel(const DispatchParams p, const Geometry g) {
+  extern __shared__ int counts[];  // [E + 1]
+  ptx::pdl_launch_dependents();  // the dispatch kernel waits for our completion before reading
+  const int experts = p.experts;
+  for (int e = int(threadIdx.x); e <= experts; e += kThreads) counts[e] = 0;
+  __syncthreads();
+  ptx::pdl_wait();  // the ids come from the previous kernel
+  const unsigned routes = unsigned(p.tokens) * unsigned(p.topk), slice = unsigned(kSliceUnit * g.steps);
+  const unsigned begin = blockIdx.x * slice, end = min(routes, begin + slice);
+  for (unsigned r = begin + threadIdx.x; r < end; r += kThreads) {
+    const unsigned e = unsigned(p.topk_ids[r]);
+    atomicAdd(&counts[e < unsigned(experts) ? e : unsigned(experts)], 1);
   }
+  __syncthreads();
+  int32_t* row = p.slice_counts + int64_t(blockIdx.x) * (experts + 1);
+  for (int e = int(threadIdx.x); e <= experts; e += kThreads) row[e] = counts[e];
+}
+
+// Adds the other slices' counts of window experts [e0, e0 + width) into `before` (slices below
+// this CTA's) and `after` (slices above): kThreads / wpad threads (>= 1) sum each expert's column,
+// coalesced across experts, then add their sums in with one shared atomic each.
+__device__ __forceinline__ void add_other_slices(const DispatchParams& p, int* before, int* after, unsigned e0,
+                                                 unsigned width, int wpad) {
+  const int parts = max(1, kThreads / wpad);
+  const int e = int(threadIdx.x) % wpad, part = int(threadIdx.x) / wpad;
+  if (part >= parts || unsigned(e) >= width) return;
+  const int64_t stride = p.experts + 1;
+  const int self = int(blockIdx.x), ctas = int(gridDim.x);
+  int b = 0, a = 0;
+  for (int c = part; c < ctas; c += parts) {
+    const int v = p.slice_counts[int64_t(c) * stride + e0 + unsigned(e)];
+    if (c < self) b += v;
+    if (c > self) a += v;
+  }
+  if (b) atomicAdd(&before[e], b);
+  if (a) atomicAdd(&after[e], a);
 }
 
 __global__ void __launch_bounds__(kThreads, 1) dispatch_kernel(const DispatchParams p, const Geometry g) {
@@ -149,7 +147,6 @@ __global__ void __launch_bounds__(kThreads, 1) dispatch_kernel(const DispatchPar
   const unsigned warp_end = min(cta_end, warp_begin + unsigned(32 * g.steps));  // may be < warp_begin
   const bool lead = blockIdx.x == 0;  // writes offsets and status
   const bool several = gridDim.x > 1;
-  const bool vec = (reinterpret_cast<uintptr_t>(p.topk_ids) & 15) == 0;
 
   // This warp's routes: ids and weights stay in registers for the whole kernel.
   int id[kMaxSteps];
@@ -209,10 +206,12 @@ __global__ void __launch_bounds__(kThreads, 1) dispatch_kernel(const DispatchPar
       }
     }
     if (several) {
-      __syncthreads();  // rows 0 and 33 are zero before any warp adds to them
-      const bool count_drop = win == 0 && lead;  // the lead CTA's "after" is the rest of the batch
-      count_other_routes(p.topk_ids, 0, cta_begin, before_row, e0, width, experts, vec, count_drop, drop);
-      count_other_routes(p.topk_ids, cta_end, routes, after_row, e0, width, experts, vec, count_drop, drop);
+      __syncthreads();  // rows 0 and 33 are zero before any thread adds to them
+      add_other_slices(p, before_row, after_row, e0, width, g.wpad);
+      // The lead CTA also counts the other slices' out-of-range ids.
+      if (win == 0 && lead)
+        for (int c = int(threadIdx.x) + 1; c < int(gridDim.x); c += kThreads)
+          drop += p.slice_counts[int64_t(c) * (experts + 1) + experts];
     }
     if (win == 0) {
       drop = int(__reduce_add_sync(kFull, unsigned(drop)));
@@ -374,10 +373,11 @@ Plan make_plan(int64_t tokens, int64_t topk, int64_t experts) {
   l.windows = g.windows;
   l.window = g.window;
   l.smem_bytes = size_t(kRows * g.stride + 3 * g.capacity) * sizeof(int32_t);
+  l.slice_count_words = l.ctas > 1 ? size_t(l.ctas) * size_t(experts + 1) : 0;
   return plan;
 }
 
-// Opts the kernel in to more than 48 KiB of dynamic shared memory, once per device and size.
+// Opts the dispatch kernel in to more than 48 KiB of dynamic shared memory, once per device and size.
 void ensure_smem(size_t bytes) {
   constexpr size_t kDefault = 48 * 1024;
   constexpr int kDevices = 64;
@@ -401,11 +401,28 @@ DispatchLaunch dispatch_launch_shape(int64_t tokens, int64_t topk, int64_t exper
   return make_plan(tokens, topk, experts).launch;
 }
 
+size_t dispatch_slice_count_bytes(int64_t max_tokens, int64_t topk, int64_t experts) {
+  // The CTA count grows with T up to kMaxCtasBeforeSteps (one step), drops when the slices grow to
+  // two steps, and passes it again only with four: the largest over T <= max_tokens is the larger
+  // of max_tokens' own and min(kMaxCtasBeforeSteps, ceil(routes / kSliceUnit)).
+  const DispatchLaunch at_max = make_plan(max_tokens, topk, experts).launch;
+  const int64_t one_step = std::min<int64_t>(kMaxCtasBeforeSteps, (max_tokens * topk + kSliceUnit - 1) / kSliceUnit);
+  const int64_t ctas = std::max<int64_t>(at_max.ctas, one_step);
+  return ctas > 1 ? size_t(ctas) * size_t(experts + 1) * sizeof(int32_t) : 0;
+}
+
 void launch_dispatch(const DispatchParams& p, cudaStream_t stream, bool pdl) {
   const Plan plan = make_plan(p.tokens, p.topk, p.experts);
   if (p.tokens == 0) return;
   if (!p.topk_ids || !p.topk_weights || !p.offsets || !p.route_row || !p.row_token || !p.row_weight || !p.status)
     throw Error("dispatch: a required pointer is null (all but nan_flags are required)");
+  if (plan.launch.ctas > 1) {
+    if (!p.slice_counts)
+      throw Error("dispatch: " + std::to_string(plan.launch.ctas) +
+                  " CTAs need DispatchParams::slice_counts (dispatch_launch_shape().slice_count_words words)");
+    launch_kernel(dispatch_count_kernel, dim3(unsigned(plan.launch.ctas)), dim3(unsigned(kThreads)),
+                  size_t(p.experts + 1) * sizeof(int32_t), stream, pdl, p, plan.geometry);
+  }
   ensure_smem(plan.launch.smem_bytes);
   launch_kernel(dispatch_kernel, dim3(unsigned(plan.launch.ctas)), dim3(unsigned(plan.launch.threads)),
                 plan.launch.smem_bytes, stream, pdl, p, plan.geometry);

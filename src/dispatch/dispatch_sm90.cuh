@@ -6,8 +6,9 @@
 // it accumulates lives in shared memory and every global output is a plain store.
 //   - Each CTA owns a slice of 1024 * steps consecutive routes (steps in 1..4), 32 routes per warp
 //     per step. T*k <= 1024 (decode: T = 128, k = 8) is one CTA; larger batches get more CTAs,
-//     which never talk to each other: each one also counts the routes outside its slice (it needs
-//     the global per-expert totals and the counts of the routes before its slice).
+//     which never talk to each other. They need the global per-expert totals and the counts of the
+//     routes before their slice: a count kernel launched first writes each slice's per-expert
+//     counts to DispatchParams::slice_counts (plain stores of every word: nothing to clear).
 //   - Experts are processed in windows of at most 1024 (one window for E <= 1024).
 // Header usable from plain C++ (no device code).
 #pragma once
@@ -40,6 +41,9 @@ struct DispatchParams {
   // dispatch+quantise kernel loads them instead of counting the ids (then dropped routes are
   // R - rows); other kernels ignore them.
   const uint32_t* token_masks = nullptr;
+  // [ctas, E + 1] per-slice counts, written and read by launch_dispatch's two kernels when it runs
+  // more than one CTA (DispatchLaunch::slice_count_words; required then, else unused).
+  int32_t* slice_counts = nullptr;
 };
 
 // How launch_dispatch runs one shape (for plan descriptions, tests and benchmarks).
@@ -50,13 +54,18 @@ struct DispatchLaunch {
   int windows = 0;        // expert windows (passes), ceil(E / 1024)
   int window = 0;         // experts per window
   size_t smem_bytes = 0;  // dynamic shared memory per CTA
+  size_t slice_count_words = 0;  // DispatchParams::slice_counts words: ctas * (E + 1) when ctas > 1
 };
 
 // Throws Error when the shape is invalid: T < 0, k <= 0, E outside [1, 4096], T*k beyond int32.
 DispatchLaunch dispatch_launch_shape(int64_t tokens, int64_t topk, int64_t experts);
 
+// Bytes of DispatchParams::slice_counts that every batch of up to max_tokens tokens needs.
+size_t dispatch_slice_count_bytes(int64_t max_tokens, int64_t topk, int64_t experts);
+
 // T = 0 launches nothing (and writes nothing). Throws Error for an invalid shape (see above) or a
-// null required pointer (all but nan_flags), before any CUDA call. With `pdl` the kernel is
+// null required pointer (all but nan_flags; slice_counts when the launch has several CTAs), before
+// any CUDA call. Several CTAs: the count kernel, then the dispatch kernel. With `pdl` each is
 // launched with the programmatic-dependent-launch attribute and waits (ptx::pdl_wait) before its
 // first global memory access.
 void launch_dispatch(const DispatchParams& p, cudaStream_t stream, bool pdl);

@@ -5,6 +5,8 @@
 //                                                (+ token_masks[ceil(T/32),E] for dispatch+quantise)
 //   dispatch   topk_ids, topk_weights, nan_flags -> offsets[E+1], route_row[T*k],
 //                                                  row_token[R], row_weight[R], status
+//                                                (several CTAs: a count kernel first, through
+//                                                 slice_counts[ctas, E+1])
 //   quantize   hidden[T,H] bf16 -> x, x_scales in one of two layouts (GemmFp8Config::x_source):
 //                token order  x[T_pad,H] fp8, x_scales[ceil(H/128), T_pad]   (no route_row needed)
 //                sorted rows  x[R_pad,H] fp8, x_scales[ceil(H/128), R_pad]   (row route_row[t*k+j])

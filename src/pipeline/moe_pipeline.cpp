@@ -91,6 +91,7 @@ Plan plan(const Shape& s, const Routing& r, const Options& o) {
   L.gemm_queue = carve(c, 2 * sizeof(int32_t));  // the GEMM's dynamic unit queue (sorted rows)
   L.hit_list = carve(c, size_t(s.experts + 1) * 16);  // experts with rows, from the fused small kernel
   L.token_masks = carve(c, size_t((T + 31) / 32) * size_t(s.experts) * 4);  // routing -> dispatch+quantise
+  L.slice_counts = carve(c, dispatch_slice_count_bytes(T, s.topk, s.experts));  // multi-CTA dispatch
   L.status = carve(c, sizeof(LayerStatus));
   L.total = c;
   return p;
@@ -216,6 +217,7 @@ void run_stages(const Plan& p, const Weights& w, const Inputs& in, void* output,
   dp.row_token = at<int32_t>(workspace, L.row_token);
   dp.row_weight = at<float>(workspace, L.row_weight);
   dp.status = status;
+  dp.slice_counts = at<int32_t>(workspace, L.slice_counts);
   // The fused small-batch kernel also lists the experts with rows for the GEMM's compact walk.
   int4* hit_list = chain.fused_route_dispatch ? at<int4>(workspace, L.hit_list) : nullptr;
   dp.hit_list = hit_list;

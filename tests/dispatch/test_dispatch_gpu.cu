@@ -91,6 +91,10 @@ struct Output {
   }
 };
 
+size_t slice_words(const Input& in) {
+  return std::max<size_t>(1, dispatch_slice_count_bytes(in.tokens, in.topk, in.experts) / 4);
+}
+
 // Device copies of one input and its outputs; run() poisons the outputs, launches, waits.
 class Rig {
  public:
@@ -104,7 +108,8 @@ class Rig {
         route_row_(routes_),
         row_token_(routes_),
         row_weight_(routes_),
-        status_(1) {
+        status_(1),
+        slice_counts_(slice_words(in)) {
     ids_.upload(in.ids);
     weights_.upload(in.weights);
     flags_.upload(in.flags);
@@ -125,6 +130,7 @@ class Rig {
     p.row_token = row_token_.get();
     p.row_weight = row_weight_.get();
     p.status = status_.get();
+    p.slice_counts = slice_counts_.get();
     return p;
   }
   int32_t* ids() const { return ids_.get(); }
@@ -133,6 +139,8 @@ class Rig {
   void poison() {
     offsets_.upload(std::vector<int32_t>(size_t(in_.experts + 1), kPoisonInt));
     route_row_.upload(std::vector<int32_t>(routes_, kPoisonInt));
+    // Stale counts from an earlier run must not matter: the count kernel rewrites every word.
+    slice_counts_.upload(std::vector<int32_t>(slice_words(in_), kPoisonInt));
     row_token_.upload(std::vector<int32_t>(routes_, kPoisonInt));
     row_weight_.upload(std::vector<float>(routes_, from_bits(kPoisonWeight)));
     LayerStatus s;
@@ -168,6 +176,7 @@ class Rig {
   DeviceArray<int32_t> offsets_, route_row_, row_token_;
   DeviceArray<float> row_weight_;
   DeviceArray<LayerStatus> status_;
+  DeviceArray<int32_t> slice_counts_;
   cudaStream_t stream_ = nullptr;
 };
 
@@ -376,7 +385,7 @@ TEST(DispatchGpu, LaunchGeometries) {
   const Case cases[] = {
       {1024, 8, 1},  {1025, 8, 1},    {511, 100, 4},   {4097, 33, 16},  {8191, 200, 16}, {20000, 64, 8},
       {5, 1000, 4},  {3000, 1024, 8}, {3000, 1025, 8}, {700, 4096, 16}, {9000, 4096, 8}, {2, 4096, 1},
-      {9001, 2047, 3},
+      {9001, 2047, 3}, {40000, 256, 8}, {70000, 64, 8},
   };
   for (const Case& c : cases) {
     SCOPED_TRACE(testing::Message() << "ctas=" << dispatch_launch_shape(c.tokens, c.topk, c.experts).ctas
@@ -407,8 +416,8 @@ TEST(DispatchGpu, RandomShapes) {
   }
 }
 
-// A misaligned ids pointer (not 16-byte aligned) takes the scalar path when counting other CTAs'
-// routes; the results must not change.
+// A misaligned ids pointer (not 16-byte aligned): the kernels read the ids one by one, so the
+// results must not change.
 TEST(DispatchGpu, UnalignedIds) {
   LOOM_REQUIRE_GPU();
   LOOM_FRESH_SEED();
@@ -520,6 +529,8 @@ TEST(DispatchLaunch, RejectsInvalidArguments) {
   EXPECT_THROW(launch_dispatch(with([](DispatchParams& q) { q.row_token = nullptr; }), nullptr, false), Error);
   EXPECT_THROW(launch_dispatch(with([](DispatchParams& q) { q.row_weight = nullptr; }), nullptr, false), Error);
   EXPECT_THROW(launch_dispatch(with([](DispatchParams& q) { q.status = nullptr; }), nullptr, false), Error);
+  // Several CTAs need the slice counts.
+  EXPECT_THROW(launch_dispatch(with([](DispatchParams& q) { q.tokens = 1000, q.topk = 8; }), nullptr, false), Error);
   // T = 0 with a valid shape: nothing to do, no CUDA call, no pointers needed.
   EXPECT_NO_THROW(launch_dispatch(DispatchParams{nullptr, nullptr, nullptr, 0, 8, 64}, nullptr, false));
 }
@@ -544,11 +555,30 @@ TEST(DispatchLaunch, ShapeFitsTheDevice) {
   }
   EXPECT_EQ(dispatch_launch_shape(128, 8, 256).ctas, 1);
   EXPECT_EQ(dispatch_launch_shape(128, 8, 256).windows, 1);
-  EXPECT_EQ(dispatch_launch_shape(8192, 8, 256).ctas, 32);
-  EXPECT_EQ(dispatch_launch_shape(8192, 16, 512).ctas, 32);
+  EXPECT_EQ(dispatch_launch_shape(8192, 8, 256).ctas, 64);
+  EXPECT_EQ(dispatch_launch_shape(8192, 16, 512).ctas, 128);
+  EXPECT_EQ(dispatch_launch_shape(8192, 16, 512).slice_count_words, size_t(128 * 513));
+  EXPECT_EQ(dispatch_launch_shape(128, 8, 256).slice_count_words, 0u);
   EXPECT_EQ(dispatch_launch_shape(0, 8, 256).ctas, 0);
   EXPECT_EQ(dispatch_launch_shape(1, 1, 4096).windows, 4);
   EXPECT_THROW(dispatch_launch_shape(1, 1, 4097), Error);
+}
+
+// Host-only: the slice counts sized for a largest batch hold what every smaller batch needs (the
+// CTA count is not monotone in T: it drops where the slices grow).
+TEST(DispatchLaunch, SliceCountsSizedForEverySmallerBatch) {
+  for (int64_t experts : {8, 256, 4096}) {
+    for (int64_t topk : {1, 8, 16}) {
+      for (int64_t max_tokens : {1, 128, 129, 16384, 20000, 65536, 300000}) {
+        const size_t bytes = dispatch_slice_count_bytes(max_tokens, topk, experts);
+        for (int64_t t = 0; t <= max_tokens; t += 1 + max_tokens / 997) {
+          SCOPED_TRACE(testing::Message() << "E=" << experts << " k=" << topk << " max T=" << max_tokens << " T=" << t);
+          ASSERT_LE(dispatch_launch_shape(t, topk, experts).slice_count_words * 4, bytes);
+        }
+        EXPECT_LE(dispatch_launch_shape(max_tokens, topk, experts).slice_count_words * 4, bytes);
+      }
+    }
+  }
 }
 
 }  // namespace
