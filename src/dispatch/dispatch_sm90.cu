@@ -64,6 +64,7 @@ constexpr int kWindow = 1024;           // most experts per pass
 constexpr int kRows = kWarps + 2;       // before, warps 0..31, after
 // Grow the slice (steps) before the CTA count passes this: every CTA reads all CTAs' slice counts.
 constexpr int kMaxCtasBeforeSteps = 128;
+constexpr int kLoadsInFlight = 8;  // per thread, reading the other slices' counts
 constexpr unsigned kFull = 0xffffffffu;
 
 struct Geometry {
@@ -112,10 +113,21 @@ __device__ __forceinline__ void add_other_slices(const DispatchParams& p, int* b
   const int64_t stride = p.experts + 1;
   const int self = int(blockIdx.x), ctas = int(gridDim.x);
   int b = 0, a = 0;
-  for (int c = part; c < ctas; c += parts) {
-    const int v = p.slice_counts[int64_t(c) * stride + e0 + unsigned(e)];
-    if (c < self) b += v;
-    if (c > self) a += v;
+  // kLoadsInFlight independent loads per batch: the column is read from L2, and one load at a time
+  // would put a round trip per slice on the critical path.
+  for (int c0 = part; c0 < ctas; c0 += kLoadsInFlight * parts) {
+    int v[kLoadsInFlight];
+#pragma unroll
+    for (int u = 0; u < kLoadsInFlight; ++u) {
+      const int c = c0 + u * parts;
+      v[u] = c < ctas ? p.slice_counts[int64_t(c) * stride + e0 + unsigned(e)] : 0;
+    }
+#pragma unroll
+    for (int u = 0; u < kLoadsInFlight; ++u) {
+      const int c = c0 + u * parts;
+      b += c < self ? v[u] : 0;
+      a += c > self ? v[u] : 0;
+    }
   }
   if (b) atomicAdd(&before[e], b);
   if (a) atomicAdd(&after[e], a);
