@@ -109,7 +109,8 @@ std::string describe(const Plan& p) {
     << " routes; for softmax up to " << kSmallBatchMaxTokens
     << " tokens routing, dispatch and quantise are one launch, routed by a cluster of 4 CTAs above 8 tokens) -> GEMM\n"
     << "kernels (GEMM on sorted rows): route -> dispatch + quantise+gather into expert order in one launch (every "
-       "CTA builds the layout from token masks; up to E * ceil(T/32) mask words in shared memory, else two launches; "
+       "CTA builds the layout from token masks; up to E * ceil(T/32) mask words in shared memory, else dispatch (a per-slice count kernel, then the "
+       "dispatch) and quantise+gather; "
        "from " << kTokenMasksMinRoutes << " routes the routing kernel writes the masks) -> GEMM\n"
     << "GEMM at " << p.shape.tokens << " tokens: " << p.gemm_config << "\n"
     << "combine: "
