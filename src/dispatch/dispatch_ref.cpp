@@ -50,4 +50,25 @@ Dispatch dispatch_ref(const int32_t* ids, int64_t tokens, int64_t topk, int64_t 
   return d;
 }
 
+std::vector<uint32_t> token_masks_ref(const int32_t* ids, int64_t tokens, int64_t topk, int64_t experts) {
+  std::vector<uint32_t> masks(size_t((tokens + 31) / 32) * size_t(experts), 0u);
+  for (int64_t t = 0; t < tokens; ++t)
+    for (int64_t j = 0; j < topk; ++j) {
+      const int32_t e = ids[t * topk + j];
+      if (e >= 0 && e < experts) masks[size_t((t / 32) * experts + e)] |= 1u << (t % 32);
+    }
+  return masks;
+}
+
+std::vector<int32_t> hit_list_ref(const std::vector<int32_t>& offsets) {
+  std::vector<int32_t> hits{0, 0, 0, 0};
+  for (size_t e = 0; e + 1 < offsets.size(); ++e) {
+    const int32_t first = offsets[e], rows = offsets[e + 1] - first;
+    if (rows == 0) continue;
+    ++hits[0];
+    hits.insert(hits.end(), {int32_t(e), first, rows, 0});
+  }
+  return hits;
+}
+
 }  // namespace loom

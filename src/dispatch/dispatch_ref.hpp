@@ -23,4 +23,12 @@ struct Dispatch {
 // ids: [T, k] expert ids.
 Dispatch dispatch_ref(const int32_t* ids, int64_t tokens, int64_t topk, int64_t experts);
 
+// The token masks of these ids (RouteTopkParams::token_masks): [ceil(T/32), E] words, bit t % 32 of
+// word (t / 32, e) set when token t routes to expert e. Out-of-range ids set no bit.
+std::vector<uint32_t> token_masks_ref(const int32_t* ids, int64_t tokens, int64_t topk, int64_t experts);
+
+// The hit list of a layout (DispatchParams::hit_list) as int32 quads: {experts with rows, 0, 0, 0},
+// then (expert, first row, rows, 0) of each of them, ascending.
+std::vector<int32_t> hit_list_ref(const std::vector<int32_t>& offsets);
+
 }  // namespace loom

@@ -28,6 +28,16 @@ namespace {
 // Routes from which the routing kernel hands dispatch+quantise its token masks (see chain_for).
 constexpr int64_t kTokenMasksMinRoutes = 4096;
 
+// The GEMM config for a run of `tokens`: the chooser's, with the options' experiments applied.
+GemmFp8Config gemm_config_for(const Shape& s, const Options& o, int64_t tokens, const DeviceInfo& dev) {
+  GemmFp8Config gc = choose_gemm_fp8_config(tokens, s.topk, s.experts, s.inter, s.hidden, o.deterministic, dev);
+  gc.prefetch = gc.prefetch && o.prefetch_weights;
+  gc.rescale_promotion = o.rescale_promotion;
+  if (gc.rescale_promotion) set_handoff_epilogue(gc, false);  // the experiment has no hand-off kernel
+  gc.bulk_combine = o.bulk_combine;
+  return gc;
+}
+
 // Buffers start on 1 KiB boundaries (TMA needs 16 B; 1 KiB keeps every carve-up simple).
 size_t carve(size_t& cursor, size_t bytes) {
   const size_t at = cursor;
@@ -65,11 +75,7 @@ Plan plan(const Shape& s, const Routing& r, const Options& o) {
   p.sm_count = dev->sm_count;
   p.l2_bytes = dev->l2_bytes;
   p.device_name = dev->name;
-  GemmFp8Config gc = choose_gemm_fp8_config(s.tokens, s.topk, s.experts, s.inter, s.hidden, o.deterministic, *dev);
-  gc.prefetch = gc.prefetch && o.prefetch_weights;  // as run() will launch it
-  gc.rescale_promotion = o.rescale_promotion;
-  if (gc.rescale_promotion) set_handoff_epilogue(gc, false);  // the experiment has no hand-off kernel
-  gc.bulk_combine = o.bulk_combine;
+  const GemmFp8Config gc = gemm_config_for(s, o, s.tokens, *dev);  // as run() will launch it
   p.gemm_config = gc.str();
 
   const int64_t T = s.tokens, R = s.routes(), Tp = padded_rows(T), K = s.hidden, N = s.inter;
@@ -109,8 +115,8 @@ std::string describe(const Plan& p) {
     << " routes; for softmax up to " << kSmallBatchMaxTokens
     << " tokens routing, dispatch and quantise are one launch, routed by a cluster of 4 CTAs above 8 tokens) -> GEMM\n"
     << "kernels (GEMM on sorted rows): route -> dispatch + quantise+gather into expert order in one launch (every "
-       "CTA builds the layout from token masks; up to E * ceil(T/32) mask words in shared memory, else dispatch (a per-slice count kernel, then the "
-       "dispatch) and quantise+gather; "
+       "CTA builds the layout from token masks; up to E * ceil(T/32) mask words in shared memory, else dispatch "
+       "(a per-slice count kernel, then the dispatch) and quantise+gather; "
        "from " << kTokenMasksMinRoutes << " routes the routing kernel writes the masks) -> GEMM\n"
     << "GEMM at " << p.shape.tokens << " tokens: " << p.gemm_config << "\n"
     << "combine: "
@@ -176,11 +182,7 @@ void run_stages(const Plan& p, const Weights& w, const Inputs& in, void* output,
   DeviceInfo dev;  // what the launchers need, fixed at plan time (no device query per run)
   dev.sm_count = p.sm_count;
   dev.l2_bytes = p.l2_bytes;
-  GemmFp8Config gc = choose_gemm_fp8_config(T, k, E, s.inter, s.hidden, p.options.deterministic, dev);
-  gc.prefetch = gc.prefetch && p.options.prefetch_weights;
-  gc.rescale_promotion = p.options.rescale_promotion;
-  if (gc.rescale_promotion) set_handoff_epilogue(gc, false);  // as plan() chose
-  gc.bulk_combine = p.options.bulk_combine;
+  const GemmFp8Config gc = gemm_config_for(s, p.options, T, dev);  // as plan() chose
   const Chain chain = chain_for(p, T, from_logits);  // the same config choice, so the same layout
   const bool sorted = chain.sorted_rows;
   const int64_t x_rows = sorted ? padded_rows(int64_t(T) * k) : padded_rows(T);

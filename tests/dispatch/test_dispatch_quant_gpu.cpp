@@ -14,6 +14,7 @@
 #include "common/device_info.hpp"
 #include "common/rng.hpp"
 #include "dispatch/dispatch_quant_sm90.cuh"
+#include "dispatch/dispatch_ref.hpp"
 #include "gpu_test.hpp"
 #include "pipeline/device_layout.hpp"
 #include "stage_buffers.hpp"
@@ -98,13 +99,7 @@ TEST(DispatchQuantGpu, MatchesDispatchThenQuantiseBitForBit) {
     const Outputs want = run_once(0, false, did, dwt, dfl, dh, T, E, k, H);
     const Outputs want_quads = run_once(0, false, did, dwt, dfl, dh, T, E, k, H, nullptr, ScaleLayout::row_quads);
     // The token masks of these ids (the dropped ones have no bit), as the routing kernel writes them.
-    std::vector<uint32_t> masks(size_t((T + 31) / 32) * size_t(E), 0u);
-    for (int t = 0; t < T; ++t)
-      for (int j = 0; j < k; ++j) {
-        const int32_t e = ids[size_t(t * k + j)];
-        if (e >= 0 && e < E) masks[size_t((t / 32) * E + e)] |= 1u << (t % 32);
-      }
-    const DeviceBuffer dmasks = DeviceBuffer::from(masks);
+    const DeviceBuffer dmasks = DeviceBuffer::from(token_masks_ref(ids.data(), T, k, E));
     struct Run {
       int grid;
       bool early, with_masks, quads;

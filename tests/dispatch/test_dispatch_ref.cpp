@@ -2,6 +2,7 @@
 // out-of-range ids included).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <iterator>
 #include <limits>
@@ -45,6 +46,21 @@ TEST(DispatchRef, HandCaseDroppedAndRepeated) {
   EXPECT_EQ(d.offsets, (Ints{0, 1, 4, 4}));
   EXPECT_EQ(d.route_row, (Ints{1, -1, -1, 2, 3, 0}));
   EXPECT_EQ(d.row_route, (Ints{5, 0, 3, 4}));
+}
+
+TEST(DispatchRef, TokenMasksAndHitListHandCase) {
+  // The HandCaseDroppedAndRepeated ids plus a token 33 in the second mask word: T 34, k 3, E 3.
+  std::vector<int32_t> ids(34 * 3, 7);  // tokens 2..32: out of range, no bits
+  const int32_t head[] = {1, -1, 3, 1, 1, 0};
+  std::copy(std::begin(head), std::end(head), ids.begin());
+  ids[33 * 3] = 2;
+  const std::vector<uint32_t> masks = token_masks_ref(ids.data(), 34, 3, 3);
+  EXPECT_EQ(masks, (std::vector<uint32_t>{0b10, 0b11, 0, 0, 0, 0b10}));  // [word][expert]
+  const Dispatch d = dispatch_ref(ids.data(), 34, 3, 3);
+  EXPECT_EQ(d.offsets, (Ints{0, 1, 4, 5}));
+  // Experts 0, 1, 2 have 1, 3, 1 rows.
+  EXPECT_EQ(hit_list_ref(d.offsets), (Ints{3, 0, 0, 0, 0, 0, 1, 0, 1, 1, 3, 0, 2, 4, 1, 0}));
+  EXPECT_EQ(hit_list_ref(Ints{0, 0, 2, 2}), (Ints{1, 0, 0, 0, 1, 0, 2, 0}));  // only expert 1
 }
 
 TEST(DispatchRef, AllDropped) {

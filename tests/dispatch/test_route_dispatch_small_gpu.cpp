@@ -123,13 +123,7 @@ TEST(RouteDispatchSmallGpu, MatchesRouteThenDispatchBitForBit) {
       EXPECT_EQ(fused.route_row, d.route_row);
       if (can_fuse) {
         // The hit list: the experts with rows, ascending, with their first row and row count.
-        std::vector<int32_t> want{0, 0, 0, 0};
-        for (int e = 0; e < c.E; ++e) {
-          const int rows = d.offsets[size_t(e + 1)] - d.offsets[size_t(e)];
-          if (rows == 0) continue;
-          ++want[0];
-          want.insert(want.end(), {e, d.offsets[size_t(e)], rows, 0});
-        }
+        const std::vector<int32_t> want = hit_list_ref(d.offsets);
         ASSERT_GE(fused.hit_list.size(), want.size());
         EXPECT_TRUE(std::equal(want.begin(), want.end(), fused.hit_list.begin()));
       }

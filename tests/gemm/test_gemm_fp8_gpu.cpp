@@ -101,13 +101,7 @@ void run_case(const GemmCase& c, CombineMode mode, uint64_t seed) {
   DeviceBuffer dqueue(2 * sizeof(int32_t));
   LOOM_CUDA_CHECK(cudaMemset(dqueue.get(), 0, dqueue.bytes()));
   // The hit list a fused small-batch kernel would write: {count}, then (expert, first row, rows).
-  std::vector<int32_t> hits{0, 0, 0, 0};
-  for (int64_t e = 0; e < s.experts; ++e) {
-    const int32_t first = d.offsets[size_t(e)], n = d.offsets[size_t(e + 1)] - first;
-    if (n == 0) continue;
-    ++hits[0];
-    hits.insert(hits.end(), {int32_t(e), first, n, 0});
-  }
+  std::vector<int32_t> hits = hit_list_ref(d.offsets);
   hits.resize(size_t(s.experts + 1) * 4, -1);  // entries past the count: stale, never read
   DeviceBuffer dhits = DeviceBuffer::from(hits);
   bool with_hit_list = false;

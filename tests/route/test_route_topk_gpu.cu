@@ -28,6 +28,7 @@
 #include "common/cuda_check.hpp"
 #include "common/launch.hpp"
 #include "common/rng.hpp"
+#include "dispatch/dispatch_ref.hpp"
 #include "gpu_test.hpp"
 #include "loom/types.hpp"
 #include "ptx/pdl.cuh"
@@ -274,12 +275,7 @@ GpuOutput run_gpu(const Problem& pr, bool pdl) {
   LOOM_CUDA_CHECK(cudaDeviceSynchronize());
   GpuOutput got = out.fetch();
   if (pdl && mask_words > 0) {
-    std::vector<uint32_t> want(size_t(mask_words), 0u);
-    for (int64_t t = 0; t < pr.tokens; ++t)
-      for (int64_t j = 0; j < pr.topk; ++j) {
-        const int32_t e = got.ids[size_t(t * pr.topk + j)];
-        if (e >= 0 && e < pr.experts) want[size_t((t / 32) * pr.experts + e)] |= 1u << (t % 32);
-      }
+    const std::vector<uint32_t> want = token_masks_ref(got.ids.data(), pr.tokens, pr.topk, pr.experts);
     const std::vector<uint32_t> have = masks.to_host<uint32_t>();
     int64_t wrong = 0;
     for (size_t i = 0; i < want.size(); ++i) wrong += have[i] != want[i];
