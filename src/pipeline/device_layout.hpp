@@ -46,6 +46,17 @@ enum class ScaleLayout { group_major, row_quads };
 inline constexpr int64_t scale_index(ScaleLayout layout, int64_t group, int64_t row, int64_t rows) {
   return layout == ScaleLayout::group_major ? group * rows + row : (group / 4 * rows + row) * 4 + group % 4;
 }
+// Token-order codes for the GEMM that loads its activations into registers (XSource::
+// token_fragments): inside each 128-byte group the 32 four-byte words are permuted so that each
+// lane of a wgmma A-fragment quad (q = lane % 4) reads its fragment bytes as two 16-byte loads, and
+// the quad's first loads cover the group's first 64 bytes, its second loads the last 64 (each
+// 32-byte sector read once). Word w of the plain row (bytes 4w..4w+3: k32 step s = w / 8, half
+// h = w / 4 % 2, quad lane q = w % 4) sits at 16 (s / 2) + 4q + 2 (s % 2) + h.
+inline constexpr int fragment_word(int w) { return 16 * (w / 16) + 4 * (w % 4) + 2 * (w / 8 % 2) + w / 4 % 2; }
+static_assert(fragment_word(0) == 0 && fragment_word(4) == 1 && fragment_word(8) == 2 && fragment_word(12) == 3 &&
+                  fragment_word(1) == 4 && fragment_word(16) == 16 && fragment_word(31) == 31,
+              "quad lane q's words: steps 0-1 at 4q .. 4q + 3, steps 2-3 at 16 + 4q .. 16 + 4q + 3");
+
 // Floats a scale buffer of `groups` x `rows` needs in either layout.
 inline constexpr int64_t scale_floats(int64_t groups, int64_t rows) { return round_up(groups, 4) * rows; }
 

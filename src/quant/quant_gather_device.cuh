@@ -204,8 +204,19 @@ __device__ __forceinline__ void quant_gather_body(const QuantGatherParams& p, ui
       const int n = min(kLanesPerUnit, k - j0);
       for (int jj = 0; jj < n; ++jj) {
         const int32_t row = __shfl_sync(0xffffffffu, mine, octet_base + jj);
-        if (active && row >= 0)
+        if (!active || row < 0) continue;
+        if (token_order && p.fragment_order) {
+          // Lane sub's words 4 sub + i go to fragment_word(4 sub + i) = 16 (sub / 4) + 4 i + sub % 4:
+          // the octet's stores of each i fill two 16-byte pieces.
+          uint32_t* group = reinterpret_cast<uint32_t*>(p.a_sorted + int64_t(row) * H + int64_t(g) * 128) +
+                            16 * (sub / 4) + sub % 4;
+          group[0] = codes.x;
+          group[4] = codes.y;
+          group[8] = codes.z;
+          group[12] = codes.w;
+        } else {
           *reinterpret_cast<uint4*>(p.a_sorted + int64_t(row) * H + int64_t(c) * 16) = codes;
+        }
       }
     }
   }

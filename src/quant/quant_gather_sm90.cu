@@ -57,6 +57,8 @@ void check_quant_gather(const QuantGatherParams& p) {
   if (!aligned16(p.hidden) || !aligned16(p.a_sorted)) throw Error(who + "hidden and a_sorted must be 16-byte aligned");
   if (p.scale_layout == ScaleLayout::row_quads && !p.route_row)
     throw Error(who + "the row-quad scale layout is for sorted rows (route_row) only");
+  if (p.fragment_order && (p.route_row || p.hidden_dim % 128 != 0))
+    throw Error(who + "the A-fragment code order is for token order with hidden_dim a multiple of 128");
   if (p.zero_out && (p.zero_cols < 0 || !aligned16(p.zero_out)))
     throw Error(who + "zero_out must be 16-byte aligned with zero_cols >= 0");
   if (p.zero_word_count < 0 || (p.zero_word_count > 0 && !p.zero_words))

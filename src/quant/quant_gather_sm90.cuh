@@ -26,6 +26,9 @@ struct QuantGatherParams {
   uint8_t* a_sorted = nullptr;         // [rows, H] fp8 e4m3 codes; row route_row[t*k+j] (or t) gets token t's codes
   float* a_scales = nullptr;           // scale_floats(ceil(H/128), R_pad) fp32, laid out as scale_layout says
   ScaleLayout scale_layout = ScaleLayout::group_major;  // row_quads: sorted rows only
+  // Token order only, H a multiple of 128: each group's codes in the wgmma A-fragment order of
+  // fragment_word (device_layout.hpp), for the GEMM that loads rows into registers.
+  bool fragment_order = false;
   float* zero_out = nullptr;           // optional [T, zero_cols] fp32 to clear (the fast combine accumulates into it)
   int64_t zero_cols = 0;
   // Optional words to zero (the GEMM's dynamic work queue: it must start each run at zero, and the

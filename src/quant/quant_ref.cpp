@@ -2,11 +2,13 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <string>
 #include <type_traits>
 
 #include "common/parallel.hpp"
 #include "loom/types.hpp"
+#include "pipeline/device_layout.hpp"
 #include "quant/fp8_e4m3.hpp"
 
 // Bit-exact fp32 rules: every float result below is one IEEE operation (division, comparison),
@@ -110,6 +112,12 @@ void quantize_128x128_ref(const float* w, int64_t rows, int64_t cols, int64_t se
         for (int64_t c = c0; c < c1; ++c) q[r * cols + c] = quant_value(w[r * cols + c], scale);
     }
   });
+}
+
+void to_fragment_order(const uint8_t* q, int64_t rows, int64_t cols, uint8_t* out) {
+  if (cols % kQuantBlock != 0) throw Error("to_fragment_order: cols must be a multiple of 128");
+  for (int64_t base = 0; base < rows * cols; base += kQuantBlock)
+    for (int w = 0; w < 32; ++w) std::memcpy(out + base + 4 * fragment_word(w), q + base + 4 * w, 4);
 }
 
 }  // namespace loom

@@ -22,6 +22,10 @@ uint8_t quant_value(float x, float scale);    // e4m3(clamp(x / scale, -448, 448
 void quantize_1x128_ref(const float* x, int64_t rows, int64_t cols, uint8_t* q, float* scales);
 void quantize_1x128_ref(const bf16* x, int64_t rows, int64_t cols, uint8_t* q, float* scales);
 
+// Codes [rows, cols] (cols a multiple of 128) in the wgmma A-fragment order of fragment_word
+// (device_layout.hpp): inside each 128-byte group, 4-byte word w moves to fragment_word(w).
+void to_fragment_order(const uint8_t* q, int64_t rows, int64_t cols, uint8_t* out);
+
 // Weights of one expert: w [rows, cols] -> q [rows, cols], scales [row_blocks, quant_blocks(cols)].
 // Rows form independent segments of `segment_rows` rows (w13: gate rows then up rows, segment_rows =
 // I, so no block spans both); pass segment_rows = rows for a plain matrix.

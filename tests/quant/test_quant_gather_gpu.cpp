@@ -86,13 +86,15 @@ struct Case {
   bool pdl;
   bool token_order = false;  // route_row = nullptr: row t = token t (what the pipeline runs)
   ScaleLayout scale_layout = ScaleLayout::group_major;  // row_quads: sorted rows only
+  bool fragment_order = false;  // token order, H % 128 == 0: codes in wgmma A-fragment order
 };
 
 std::string describe(const Case& c) {
   std::ostringstream s;
   s << "T=" << c.T << " H=" << c.H << " k=" << c.k << " E=" << c.E << " zero_cols=" << c.zero_cols
     << " dist=" << to_string(c.dist) << " pdl=" << c.pdl << (c.token_order ? " token-order" : " gathered")
-    << (c.scale_layout == ScaleLayout::row_quads ? " scales in row quads" : " scales group-major");
+    << (c.scale_layout == ScaleLayout::row_quads ? " scales in row quads" : " scales group-major")
+    << (c.fragment_order ? " codes in fragment order" : "");
   return s.str();
 }
 
@@ -142,6 +144,10 @@ void run_case(const Case& c, uint64_t seed) {
   std::vector<uint8_t> q_ref(size_t(T * H));
   std::vector<float> s_ref(size_t(T * G));
   quantize_1x128_ref(hidden.data(), T, H, q_ref.data(), s_ref.data());
+  if (c.fragment_order) {
+    std::vector<uint8_t> plain = q_ref;
+    to_fragment_order(plain.data(), T, H, q_ref.data());
+  }
   std::vector<uint8_t> want_a(size_t(R_pad * H), kCodePoison);
   std::vector<uint32_t> want_s(size_t(scale_floats(G, R_pad)), kNaNBits);
   for (int64_t r = 0; r < (c.token_order ? T : T * k); ++r) {
@@ -173,6 +179,7 @@ void run_case(const Case& c, uint64_t seed) {
   p.a_sorted = d_a.as<uint8_t>();
   p.a_scales = d_s.as<float>();
   p.scale_layout = c.scale_layout;
+  p.fragment_order = c.fragment_order;
   p.zero_out = c.zero_cols < 0 ? nullptr : d_zero.as<float>();
   p.zero_cols = zc;
   // The words to zero (the GEMM's work queue in the pipeline), poisoned.
@@ -256,6 +263,8 @@ TEST(QuantGatherGpu, MatchesReferenceBitForBit) {
       c.pdl = n % 2 == 0;
       c.token_order = n % 3 == 1;
       if (!c.token_order && n % 4 >= 2) c.scale_layout = ScaleLayout::row_quads;
+      // Token order with whole 128-groups: half in the A-fragment code order.
+      if (c.token_order && H % 128 == 0 && n % 2 == 0) c.fragment_order = true;
       run_case(c, seed + uint64_t(n));
       ++n;
       if (HasFatalFailure()) return;
@@ -340,6 +349,12 @@ TEST(QuantGather, LauncherChecksShapes) {
   bad([](QuantGatherParams& q) {  // row quads are a sorted-rows layout
     q.route_row = nullptr;
     q.scale_layout = ScaleLayout::row_quads;
+  });
+  bad([](QuantGatherParams& q) { q.fragment_order = true; });  // fragment order is a token-order layout
+  bad([](QuantGatherParams& q) {  // ... of whole 128-groups
+    q.route_row = nullptr;
+    q.hidden_dim = 192;
+    q.fragment_order = true;
   });
   bad([&](QuantGatherParams& q) { q.hidden = static_cast<const uint16_t*>(fake(0x10008)); });
   bad([&](QuantGatherParams& q) { q.a_sorted = static_cast<uint8_t*>(fake(0x30004)); });

@@ -296,5 +296,25 @@ TEST(QuantRef, WeightPartialBlocks) {
   EXPECT_THROW(weight_row_blocks(160, 0), Error);
 }
 
+TEST(QuantRef, FragmentOrderMovesWordsWithinEachGroup) {
+  // Two rows of two 128-byte groups, byte i = i % 251: word w of each group lands at
+  // 16 (w / 16) + 4 (w % 4) + 2 (w / 8 % 2) + w / 4 % 2.
+  std::vector<uint8_t> q(512), out(512, 0);
+  for (size_t i = 0; i < q.size(); ++i) q[i] = uint8_t(i % 251);
+  to_fragment_order(q.data(), 2, 256, out.data());
+  for (int group = 0; group < 4; ++group)
+    for (int w = 0; w < 32; ++w)
+      for (int b = 0; b < 4; ++b)
+        EXPECT_EQ(out[size_t(group * 128 + 4 * (16 * (w / 16) + 4 * (w % 4) + 2 * (w / 8 % 2) + w / 4 % 2) + b)],
+                  q[size_t(group * 128 + 4 * w + b)]);
+  // Hand-checked: word 1 (k32 step 0, quad lane 1) opens lane 1's first 16 bytes; word 4 (step 0,
+  // upper half, lane 0) follows word 0; word 16 (step 2, lane 0) opens the second 64 bytes.
+  EXPECT_EQ(out[16], q[4]);
+  EXPECT_EQ(out[4], q[16]);
+  EXPECT_EQ(out[64], q[64]);
+  EXPECT_EQ(out[68], q[80]);
+  EXPECT_THROW(to_fragment_order(q.data(), 1, 192, out.data()), Error);
+}
+
 }  // namespace
 }  // namespace loom
