@@ -60,6 +60,7 @@ struct Plan {
   struct Layout {
     size_t topk_ids, topk_weights, nan_flags, offsets, route_row, row_token, row_weight, x, x_scales, y,
         gemm_queue, hit_list, token_masks, slice_counts, status, total;
+    int64_t x_rows;  // activation rows the x and x_scales buffers hold (any batch of the plan fits)
   } layout{};
 };
 

@@ -10,6 +10,7 @@
 #include "common/cuda_check.hpp"
 #include "common/launch.hpp"
 #include "common/tensor_map.hpp"
+#include "gemm/gemm_fp8_regs_sm90.cuh"
 #include "ptx/barrier.cuh"
 #include "ptx/cp_async.cuh"
 #include "ptx/mbarrier.cuh"
@@ -979,6 +980,9 @@ __global__ void __launch_bounds__(kThreads, 1)
 }  // namespace
 
 std::string GemmFp8Config::str() const {
+  if (x_source == XSource::token_fragments)
+    return "fp8 grouped GEMM: tiles of 128 of an expert's token rows (M) x 128 weight rows (N), the rows loaded "
+           "by token into A-fragment registers, 8 weight TMA stages, persistent grid, epilogue in the consumers";
   return "fp8 grouped GEMM: units of 128 weight rows x all of an expert's rows in {16..128}-wide chunks, " +
          std::to_string(stages) + " TMA stages, persistent grid, " +
          (dense ? std::string("dense unit walk") + (prefetch ? " + L2 prefetch before the PDL wait" : "")
@@ -994,8 +998,14 @@ std::string GemmFp8Config::str() const {
          (warm_up ? ", instruction-cache warm-up before the PDL wait" : "");
 }
 
+bool use_token_fragments(int64_t tokens, int64_t topk, int64_t experts, int64_t k) {
+  return double(tokens) * double(topk) / double(experts) >= kTokenFragmentsMinRowsPerExpert &&
+         k % (kRegsRing * kBlockK) == 0 && k <= kRegsMaxK && experts <= kMaxHitExperts &&
+         tokens * k < (int64_t(1) << 31);
+}
+
 GemmFp8Config choose_gemm_fp8_config(int64_t tokens, int64_t topk, int64_t experts, int64_t n, int64_t k,
-                                     bool deterministic, const DeviceInfo& device) {
+                                     bool deterministic, const DeviceInfo& device, bool allow_token_fragments) {
   GemmFp8Config c;
   c.max_width = kMaxChunk;  // the chunk width adapts per expert at run time
   // Expected experts with rows under uniform routing: E (1 - (1 - k/E)^T).
@@ -1055,6 +1065,15 @@ GemmFp8Config choose_gemm_fp8_config(int64_t tokens, int64_t topk, int64_t exper
   // 24.4 vs 24.4-24.6, T=16 35.8-35.9 vs 35.9-36.1, T=32 48.9-49.0 vs 49.1-49.3 us. (In the kernel
   // the sorted rows share, it cost 1.7-3 us at T=16-32: ninth session.)
   c.warm_up = c.x_source == XSource::gather_by_token;
+  // From 128 rows per expert: token rows on M, loaded by token into registers, so no sorted copy
+  // is written (gemm_fp8_regs_sm90.cuh). Measured e2e, this kernel vs sorted rows (same binary, an
+  // environment switch since removed, x2): T=4096 196.7 / 196.9 vs 198.6 / 198.6, T=8192 318.1 / 318.0 vs
+  // 323.0 / 323.3 us; at 64 rows per expert (T=2048) it lost, 143 vs 127.
+  if (allow_token_fragments && use_token_fragments(tokens, topk, experts, k)) {
+    c = GemmFp8Config{};
+    c.x_source = XSource::token_fragments;
+    c.prefetch = false;
+  }
   return c;
 }
 
@@ -1067,6 +1086,7 @@ void set_handoff_epilogue(GemmFp8Config& c, bool on) {
 
 void launch_gemm_fp8(const GemmFp8Params& p, const GemmFp8Config& cfg, const DeviceInfo& device, cudaStream_t stream,
                      bool pdl) {
+  if (cfg.x_source == XSource::token_fragments) return launch_gemm_fp8_regs(p, cfg, device, stream, pdl);
   if (p.n <= 0 || p.k <= 0 || p.n % 16 || p.k % 16)
     throw Error("fp8 GEMM: N and K must be positive multiples of 16 (got N=" + std::to_string(p.n) +
                 ", K=" + std::to_string(p.k) + ")");

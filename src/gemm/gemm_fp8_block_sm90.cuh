@@ -43,8 +43,18 @@ enum class CombineMode { atomic, store };
 //                   rows takes several), so none of the wide-chunk code is in its path.
 //  sorted_rows:     an expert-sorted copy, loaded by TMA boxes (cp.async cannot keep the bytes of
 //                   64- and 128-wide chunks in flight: T=2048 GEMM 154.8 us gathered, 106 sorted).
-enum class XSource { gather_by_token, sorted_rows };
+//  token_fragments: token-order rows whose codes the quantiser laid out in wgmma A-fragment order
+//                   (fragment_word), loaded by each consumer thread into registers: no sorted copy.
+//                   Its own kernel (gemm_fp8_regs_sm90.cuh), tokens on the MMA's M side, from
+//                   kTokenFragmentsMinRowsPerExpert rows per expert.
+enum class XSource { gather_by_token, sorted_rows, token_fragments };
 inline constexpr int kGatherMaxTokens = 32;
+// token_fragments from this many routed rows per expert (uniform routing), where K allows it.
+inline constexpr double kTokenFragmentsMinRowsPerExpert = 128.0;
+inline constexpr int kRegsRing = 2;        // the kernel's K blocks in registers: K a multiple of 256
+inline constexpr int kRegsMaxK = 64 * 128; // its weight scales per unit in shared memory
+// Whether choose_gemm_fp8_config reads token_fragments for this batch (monotone in tokens).
+bool use_token_fragments(int64_t tokens, int64_t topk, int64_t experts, int64_t k);
 
 struct GemmFp8Config {
   int stages = 6;        // TMA pipeline depth (weight tile 16 KiB + activation tile per stage)
@@ -87,9 +97,10 @@ struct GemmFp8Config {
 
 // The config for a run of `tokens` tokens; every choice is printable and justified in the
 // implementation. deterministic: the combine must not depend on atomics (no split-K). The caller
-// lays the activations out as x_source says.
+// lays the activations out as x_source says. allow_token_fragments = false keeps to the kernels
+// that take the experiment options (rescale promotion, bulk combine).
 GemmFp8Config choose_gemm_fp8_config(int64_t tokens, int64_t topk, int64_t experts, int64_t n, int64_t k,
-                                     bool deterministic, const DeviceInfo& device);
+                                     bool deterministic, const DeviceInfo& device, bool allow_token_fragments = true);
 
 // Sets GemmFp8Config::handoff_epilogue and the pipeline depth instantiated with it.
 void set_handoff_epilogue(GemmFp8Config& c, bool on);

@@ -28,14 +28,35 @@ namespace {
 // Routes from which the routing kernel hands dispatch+quantise its token masks (see chain_for).
 constexpr int64_t kTokenMasksMinRoutes = 4096;
 
+// The register-loaded GEMM takes none of the experiment options.
+bool token_fragments_allowed(const Options& o) { return !o.rescale_promotion && !o.bulk_combine; }
+
 // The GEMM config for a run of `tokens`: the chooser's, with the options' experiments applied.
 GemmFp8Config gemm_config_for(const Shape& s, const Options& o, int64_t tokens, const DeviceInfo& dev) {
-  GemmFp8Config gc = choose_gemm_fp8_config(tokens, s.topk, s.experts, s.inter, s.hidden, o.deterministic, dev);
+  GemmFp8Config gc = choose_gemm_fp8_config(tokens, s.topk, s.experts, s.inter, s.hidden, o.deterministic, dev,
+                                            token_fragments_allowed(o));
   gc.prefetch = gc.prefetch && o.prefetch_weights;
   gc.rescale_promotion = o.rescale_promotion;
   if (gc.rescale_promotion) set_handoff_epilogue(gc, false);  // the experiment has no hand-off kernel
   gc.bulk_combine = o.bulk_combine;
   return gc;
+}
+
+// The largest batch of at most `tokens` whose GEMM reads the expert-sorted copy (0: none). Batches
+// above kGatherMaxTokens read it until use_token_fragments, monotone in the batch, takes over.
+int64_t largest_sorted_batch(const Shape& s, const Options& o, int64_t tokens) {
+  auto fragments = [&](int64_t t) {
+    return token_fragments_allowed(o) && use_token_fragments(t, s.topk, s.experts, s.hidden);
+  };
+  if (tokens <= kGatherMaxTokens) return 0;
+  if (!fragments(tokens)) return tokens;
+  int64_t lo = kGatherMaxTokens, hi = tokens;  // fragments(hi); lo: none past the gathered batches yet
+  if (fragments(lo + 1)) return 0;
+  while (hi - lo > 1) {
+    const int64_t mid = lo + (hi - lo) / 2;
+    (fragments(mid) ? hi : lo) = mid;
+  }
+  return lo;
 }
 
 // Buffers start on 1 KiB boundaries (TMA needs 16 B; 1 KiB keeps every carve-up simple).
@@ -78,10 +99,12 @@ Plan plan(const Shape& s, const Routing& r, const Options& o) {
   const GemmFp8Config gc = gemm_config_for(s, o, s.tokens, *dev);  // as run() will launch it
   p.gemm_config = gc.str();
 
-  const int64_t T = s.tokens, R = s.routes(), Tp = padded_rows(T), K = s.hidden, N = s.inter;
-  // Activation rows: one per token, or one per route when the largest batch takes the sorted copy
-  // (the choice is monotone in T: a smaller run may gather, never the other way round).
-  const int64_t x_rows = gc.x_source == XSource::sorted_rows ? std::max(Tp, padded_rows(R)) : Tp;
+  const int64_t T = s.tokens, Tp = padded_rows(T), K = s.hidden, N = s.inter;
+  // Activation rows: one per token, or one per route for the largest batch of the plan that takes
+  // the sorted copy (batches above kGatherMaxTokens until use_token_fragments takes over).
+  const int64_t sorted_tokens = largest_sorted_batch(s, o, T);
+  const int64_t R = s.routes();
+  const int64_t x_rows = std::max(Tp, sorted_tokens > 0 ? padded_rows(sorted_tokens * s.topk) : int64_t(0));
   size_t c = 0;
   Plan::Layout& L = p.layout;
   L.topk_ids = carve(c, size_t(R) * 4);
@@ -100,6 +123,7 @@ Plan plan(const Shape& s, const Routing& r, const Options& o) {
   L.slice_counts = carve(c, dispatch_slice_count_bytes(T, s.topk, s.experts));  // multi-CTA dispatch
   L.status = carve(c, sizeof(LayerStatus));
   L.total = c;
+  L.x_rows = x_rows;
   return p;
 }
 
@@ -114,6 +138,9 @@ std::string describe(const Plan& p) {
        "launch -> dispatch (counts, scan, stable rows; one CTA up to " << kSmallBatchMaxRoutes
     << " routes; for softmax up to " << kSmallBatchMaxTokens
     << " tokens routing, dispatch and quantise are one launch, routed by a cluster of 4 CTAs above 8 tokens) -> GEMM\n"
+    << "kernels (GEMM loading rows by token into registers, from " << kTokenFragmentsMinRowsPerExpert
+    << " routed rows per expert): route + quantise (token order, codes in wgmma A-fragment order) in one launch -> "
+       "dispatch (a per-slice count kernel, then the dispatch) -> GEMM\n"
     << "kernels (GEMM on sorted rows): route -> dispatch + quantise+gather into expert order in one launch (every "
        "CTA builds the layout from token masks; up to E * ceil(T/32) mask words in shared memory, else dispatch "
        "(a per-slice count kernel, then the dispatch) and quantise+gather; "
@@ -140,8 +167,7 @@ Chain chain_for(const Plan& p, int64_t tokens, bool from_logits) {
   dev.l2_bytes = p.l2_bytes;
   const Shape& s = p.shape;
   Chain c;
-  c.sorted_rows = choose_gemm_fp8_config(tokens, s.topk, s.experts, s.inter, s.hidden, p.options.deterministic, dev)
-                      .x_source == XSource::sorted_rows;
+  c.sorted_rows = gemm_config_for(s, p.options, tokens, dev).x_source == XSource::sorted_rows;
   c.fused_route_dispatch = fused_route_dispatch(p, tokens, from_logits);
   c.quant_with_route = from_logits && !c.sorted_rows;
   // Routes from logits have distinct ids per token, which the fused kernel's token masks need.
@@ -186,6 +212,9 @@ void run_stages(const Plan& p, const Weights& w, const Inputs& in, void* output,
   const Chain chain = chain_for(p, T, from_logits);  // the same config choice, so the same layout
   const bool sorted = chain.sorted_rows;
   const int64_t x_rows = sorted ? padded_rows(int64_t(T) * k) : padded_rows(T);
+  if (x_rows > L.x_rows)
+    throw Error("run: " + std::to_string(x_rows) + " activation rows exceed the plan's " + std::to_string(L.x_rows) +
+                " (internal: plan() and run() chose different activation layouts)");
   const bool pdl = p.options.pdl;
   int32_t* topk_ids = from_logits ? at<int32_t>(workspace, L.topk_ids) : const_cast<int32_t*>(in.topk_ids);
   float* topk_weights = from_logits ? at<float>(workspace, L.topk_weights) : const_cast<float*>(in.topk_weights);
@@ -240,6 +269,7 @@ void run_stages(const Plan& p, const Weights& w, const Inputs& in, void* output,
   qp.a_scales = at<float>(workspace, L.x_scales);
   // The hand-off GEMM reads the scales in row quads, which the sorted copy also writes faster.
   qp.scale_layout = sorted && gc.handoff_epilogue ? ScaleLayout::row_quads : ScaleLayout::group_major;
+  qp.fragment_order = gc.x_source == XSource::token_fragments;
   // The fast combine accumulates into the output: clear it here, ordered before the GEMM.
   qp.zero_out = p.options.deterministic ? nullptr : static_cast<float*>(output);
   qp.zero_cols = s.inter;

@@ -120,4 +120,49 @@ struct WgmmaE4M3<128> {
   }
 };
 
+// D[64 x 128] (+)= A[64 x 32] * B[128 x 32]^T with A from registers (e4m3, four .b32 per thread:
+// a[0] row 16w+g bytes 4q..4q+3 of the k32 step, a[1] row 16w+g+8 same bytes, a[2] row 16w+g bytes
+// 16+4q..16+4q+3, a[3] row 16w+g+8 same) and B K-major in shared memory. The A registers must not
+// change until the MMA has completed (wgmma_wait_group).
+struct WgmmaE4M3RegA128 {
+  static constexpr int kRegs = 64;
+  __device__ __forceinline__ static void mma(float (&d)[64], const uint32_t (&a)[4], uint64_t desc_b, int scale_d) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n128k32.f32.e4m3.e4m3 {"
+        "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+        "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
+        "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
+        "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"
+        "}, {%64, %65, %66, %67}, %68, p, 1, 1;\n}\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+                   "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+                   "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+                   "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
+                   "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
+                   "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
+                   "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
+                   "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(scale_d));
+  }
+};
+
+// The A-fragment quads of four k32 steps from two rows' fragment-ordered loads (lo: steps 0-1,
+// hi: steps 2-3, each step as (h = 0, h = 1)): quad j = {a[j, 0], b[j, 0], a[j, 1], b[j, 1]}, each
+// word XORed with `pin` (zero, read by the caller where the quads are wanted). Plain moves would
+// be placed by ptxas right after the loads, where they wait for them; the XOR with a value read
+// after the stage's barrier keeps them there.
+__device__ __forceinline__ void regroup_a_fragments(uint32_t (&f)[4][4], const uint4& a_lo, const uint4& a_hi,
+                                                    const uint4& b_lo, const uint4& b_hi, uint32_t pin) {
+  const uint32_t a[8] = {a_lo.x, a_lo.y, a_lo.z, a_lo.w, a_hi.x, a_hi.y, a_hi.z, a_hi.w};
+  const uint32_t b[8] = {b_lo.x, b_lo.y, b_lo.z, b_lo.w, b_hi.x, b_hi.y, b_hi.z, b_hi.w};
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+    f[j][0] = a[2 * j] ^ pin;
+    f[j][1] = b[2 * j] ^ pin;
+    f[j][2] = a[2 * j + 1] ^ pin;
+    f[j][3] = b[2 * j + 1] ^ pin;
+  }
+}
+
 }  // namespace loom::ptx

@@ -1,6 +1,7 @@
-// The FP8 grouped GEMM alone, on inputs laid out by the CPU references (dispatch, quantise): both
-// activation sources (gathered by token from token order, and an expert-sorted copy) and both
-// epilogues against grouped_gemm_ref + combine_ref, per row.
+// The FP8 grouped GEMM alone, on inputs laid out by the CPU references (dispatch, quantise): every
+// activation source (gathered by token from token order, an expert-sorted copy, token-order codes
+// in A-fragment order loaded into registers) and both epilogues against grouped_gemm_ref +
+// combine_ref, per row.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -91,7 +92,12 @@ void run_case(const GemmCase& c, CombineMode mode, uint64_t seed) {
   }
 
   DeviceBuffer dw = DeviceBuffer::from(w.w1_q), dws = DeviceBuffer::from(w.w1_scales);
-  DeviceBuffer dx = DeviceBuffer::from(x), dxs = DeviceBuffer::from(x_scales);
+  // The token-order codes again in wgmma A-fragment order, for the kernel that loads them into
+  // registers (whole 128-groups only).
+  std::vector<uint8_t> x_frag(x.size(), 0x7f);
+  const bool frag_ok = K % (kRegsRing * 128) == 0 && K <= kRegsMaxK;  // what the register-loaded kernel takes
+  if (frag_ok) to_fragment_order(x.data(), Tp, K, x_frag.data());
+  DeviceBuffer dx = DeviceBuffer::from(x), dxs = DeviceBuffer::from(x_scales), dxf = DeviceBuffer::from(x_frag);
   DeviceBuffer da = DeviceBuffer::from(a_sorted), das = DeviceBuffer::from(a_scales),
                dasq = DeviceBuffer::from(a_scale_quads);
   DeviceBuffer doff = DeviceBuffer::from(d.offsets), dtok = DeviceBuffer::from(row_token),
@@ -118,8 +124,9 @@ void run_case(const GemmCase& c, CombineMode mode, uint64_t seed) {
   p.combine = mode;
   const DeviceInfo dev = *query_device();
   auto launch = [&](const GemmFp8Config& cfg, bool pdl = false) {
-    const bool gather = cfg.x_source == XSource::gather_by_token;
-    p.x = gather ? dx.as<uint8_t>() : da.as<uint8_t>();
+    const bool frag = cfg.x_source == XSource::token_fragments;
+    const bool gather = cfg.x_source == XSource::gather_by_token || frag;
+    p.x = frag ? dxf.as<uint8_t>() : gather ? dx.as<uint8_t>() : da.as<uint8_t>();
     // Sorted rows under the hand-off epilogue read their scales in row quads.
     p.x_scale_layout = cfg.handoff_epilogue ? ScaleLayout::row_quads : ScaleLayout::group_major;
     p.x_scales = gather ? dxs.as<float>() : cfg.handoff_epilogue ? dasq.as<float>() : das.as<float>();
@@ -138,7 +145,10 @@ void run_case(const GemmCase& c, CombineMode mode, uint64_t seed) {
     return dout.to_host<float>();
   };
 
-  const GemmFp8Config chosen = choose_gemm_fp8_config(s.tokens, s.topk, s.experts, N, K, mode == CombineMode::store, dev);
+  GemmFp8Config chosen = choose_gemm_fp8_config(s.tokens, s.topk, s.experts, N, K, mode == CombineMode::store, dev);
+  // The variants and walks below are the options of the other kernels: start them from its defaults
+  // where the chooser took the register-loaded kernel (which has none; it runs on its own below).
+  if (chosen.x_source == XSource::token_fragments) chosen = GemmFp8Config{};
   std::vector<float> got, got_default;
   // Both activation sources, both epilogues (sorted rows), and the options kept for measurement:
   // the in-place rescale promotion and the bulk-reduction combine. Every kernel instantiation runs:
@@ -172,6 +182,20 @@ void run_case(const GemmCase& c, CombineMode mode, uint64_t seed) {
     EXPECT_LE(e.overall, rescale ? 3e-3 : 2e-3);
     EXPECT_LE(e.worst_row, 1e-2) << "worst " << (mode == CombineMode::atomic ? "token" : "sorted") << " row "
                                  << e.worst_row_index;
+  }
+  // Token rows on M, loaded into A-fragment registers (its own kernel, no options), with and
+  // without PDL.
+  if (frag_ok) {
+    GemmFp8Config cfg;
+    cfg.x_source = XSource::token_fragments;
+    SCOPED_TRACE(cfg.str());
+    for (const bool pdl : {false, true}) {
+      got = launch(cfg, pdl);
+      const ErrorStats e = relative_error(got.data(), ref.data(), out_rows, N);
+      EXPECT_LE(e.overall, 2e-3);
+      EXPECT_LE(e.worst_row, 1e-2) << "worst " << (mode == CombineMode::atomic ? "token" : "sorted") << " row "
+                                   << e.worst_row_index;
+    }
   }
   // Every unit walk (dense / compact, round robin / balanced shares / dynamic queue) and split-K
   // setting computes the same product.
@@ -226,6 +250,17 @@ TEST(GemmFp8Gpu, ChunkWidthsFromOneToManyRowsPerExpert) {
   run_case({300, 1024, 256, 8, 2, "concentrated"}, CombineMode::atomic, seed); // 300 rows: 128+128+44
   run_case({128, 2048, 512, 256, 8, "hot:0.9"}, CombineMode::store, seed);
   run_case({128, 2048, 512, 256, 8, "zipf:1.2"}, CombineMode::atomic, seed);
+}
+
+TEST(GemmFp8Gpu, RowTilesOfManyRowsPerExpert) {
+  LOOM_REQUIRE_GPU();
+  LOOM_FRESH_SEED();
+  // Experts with ~64 and ~256 rows (the tiles of the register-loaded kernel: 128 rows, a last one
+  // with one or both warpgroups partly or wholly empty), skew, N ending in a partial 128-block.
+  run_case({2048, 2048, 512, 256, 8, "random"}, CombineMode::atomic, seed);
+  run_case({1000, 2048, 512, 32, 8, "random"}, CombineMode::store, seed);
+  run_case({1000, 1024, 208, 16, 4, "zipf:1.2"}, CombineMode::atomic, seed);
+  run_case({600, 7168, 256, 8, 2, "concentrated"}, CombineMode::atomic, seed);
 }
 
 TEST(GemmFp8Gpu, PartialBlocksAndWideShapes) {

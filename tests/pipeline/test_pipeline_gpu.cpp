@@ -150,6 +150,33 @@ TEST(PipelineGpu, LargeShapesAgainstGpuReference) {
   check_case({8192, 2048, 512, 256, 8, "random"}, seed, true);
 }
 
+// One plan and workspace for up to 8192 tokens, run at batch sizes whose GEMMs read their rows
+// three ways: gathered by token (16), the expert-sorted copy (2048, 3000), and by token into
+// registers (5000, 8192; from 128 rows per expert). Each batch against the GPU reference on its
+// own tokens, the output poisoned first.
+TEST(PipelineGpu, OnePlanServesEveryActivationLayout) {
+  LOOM_REQUIRE_GPU();
+  LOOM_FRESH_SEED();
+  Harness hs({8192, 2048, 512, 256, 8, "random", /*from_logits=*/false}, seed);
+  for (const int64_t t : {int64_t(8192), int64_t(2048), int64_t(16), int64_t(5000), int64_t(3000)}) {
+    SCOPED_TRACE(testing::Message() << "batch of " << t << " on a plan for 8192");
+    Inputs in = hs.inputs();
+    in.tokens = t;
+    LOOM_CUDA_CHECK(cudaMemset(hs.out.get(), 0xff, hs.out.bytes()));
+    run(hs.plan, hs.device_weights(), in, hs.out.get(), hs.ws.get(), nullptr);
+    LOOM_CUDA_CHECK(cudaDeviceSynchronize());
+    std::vector<float> got = hs.out.to_host<float>();
+    got.resize(size_t(t * hs.shape.inter));
+    TopK used;
+    used.tokens = t;
+    used.topk = hs.shape.topk;
+    used.ids.assign(hs.routes.topk.ids.begin(), hs.routes.topk.ids.begin() + t * hs.shape.topk);
+    used.weights.assign(hs.routes.topk.weights.begin(), hs.routes.topk.weights.begin() + t * hs.shape.topk);
+    const std::vector<bf16> h(hs.hidden.begin(), hs.hidden.begin() + t * hs.shape.hidden);
+    expect_close(got, test::reference_single_fp8_gpu(hs.weights, h, used), t, hs.shape.inter);
+  }
+}
+
 TEST(PipelineGpu, GpuReferenceAgreesWithCpuReference) {
   LOOM_REQUIRE_GPU();
   LOOM_FRESH_SEED();

@@ -1,0 +1,422 @@
+#include "gemm/gemm_fp8_regs_sm90.cuh"
+
+#include <cuda.h>
+
+#include <algorithm>
+
+#include "common/cuda_check.hpp"
+#include "common/launch.hpp"
+#include "common/tensor_map.hpp"
+#include "pipeline/device_layout.hpp"
+#include "ptx/cp_async.cuh"
+#include "ptx/mbarrier.cuh"
+#include "ptx/pdl.cuh"
+#include "ptx/red.cuh"
+#include "ptx/setmaxnreg.cuh"
+#include "ptx/tma.cuh"
+#include "ptx/wgmma.cuh"
+
+namespace loom {
+
+namespace {
+
+constexpr int kBlockK = 128;     // K per stage: one scale block
+constexpr int kTileRows = 128;   // an expert's token rows per tile: two consumer warpgroups of 64
+constexpr int kTileCols = 128;   // weight rows per tile: the MMA's N, one weight-scale block
+constexpr int kStages = 8;       // weight tiles in flight per SM (16 KiB each)
+// K blocks of activations in flight in each consumer thread's registers (the ring); 4 spilled, and
+// a ring of 4 in shared memory by cp.async measured slower (docs/perf.md, twelfth session).
+constexpr int kRing = kRegsRing;
+constexpr int kThreads = 384;    // warpgroup 0: producer warps (TMA, unit records, scales); 1, 2: consumers
+constexpr int kConsumerWarps = 8;
+constexpr int kMaxTileExperts = 512;
+constexpr int kMaxK = kRegsMaxK;  // weight scales per unit held in shared memory
+static_assert(kMaxK % kBlockK == 0, "whole K blocks");
+constexpr int kWTileBytes = kTileCols * kBlockK;
+constexpr uint32_t kLaunchRegs = 168, kProducerRegs = 40, kConsumerRegs = 232;
+
+static_assert(kWTileBytes % 1024 == 0, "128-byte-swizzled TMA tiles start on 1024-byte boundaries");
+static_assert(kBlockK == 4 * 32, "four k32 MMAs per K block; a quad lane's 32 fragment bytes cover them");
+static_assert(kTileRows == 2 * 64 && kThreads == 3 * 128, "one producer and two consumer warpgroups of 64 rows");
+static_assert(kTileCols == 128, "the MMA wrapper is m64n128k32; one weight-scale block per tile");
+static_assert(128 * kProducerRegs + 256 * kConsumerRegs <= kThreads * kLaunchRegs, "the CTA's register pool");
+static_assert(kMaxTileExperts == 32 * 16, "the tile scan gives each lane of one warp 16 experts");
+
+// A unit's rows as the consumers need them, loaded ahead by producer warp 1 (so no global load
+// of the consumers shares a scoreboard with their activation loads in flight).
+constexpr int kMetaSlots = 3;  // the loader runs two units ahead: a consumer reads the next unit at the start of one
+struct UnitMeta {
+  int32_t token[kTileRows];   // 0 past the tile's rows (any valid token: those results are dropped)
+  float weight[kTileRows];
+  float wscale[kMaxK / kBlockK];
+  int32_t row0, rows, nb;  // first sorted row, rows in the tile (0..128), weight block; rows < 0: the end
+};
+
+struct alignas(1024) Smem {
+  uint8_t w[kStages][kWTileBytes];
+  float xs[kStages][kTileRows];  // the stage's activation scales of the tile's rows (producer warp 2)
+  uint64_t full[kStages];
+  uint64_t empty[kStages];
+  int32_t tile_start[kMaxTileExperts + 1];  // row tiles of the experts before e (tile_start[E]: all)
+  int32_t expert_row[kMaxTileExperts + 1];  // the offsets: expert e's rows are [expert_row[e], expert_row[e + 1])
+  UnitMeta meta[kMetaSlots];
+  uint64_t meta_full[kMetaSlots];   // the loader warp's 32 lanes, after their stores
+  uint64_t meta_empty[kMetaSlots];  // every consumer thread and warp 2's lanes, after their last read of the unit
+  uint32_t zero_word;  // 0: see mma_block
+};
+
+struct Args {
+  const uint8_t* x;       // [x_rows, K] token-order codes in fragment order
+  const float* x_scales;  // [K/128, x_rows]
+  int64_t x_rows;
+  const float* weight_scales;
+  const int32_t* offsets;
+  const int32_t* row_token;
+  const float* row_weight;
+  float* out;
+  int experts, n, k, nblocks, kblocks;
+  int atomic;
+};
+
+struct StageCursor {
+  uint32_t stage = 0, phase = 0;
+  __device__ void advance() {
+    if (++stage == kStages) stage = 0, phase ^= 1;
+  }
+};
+
+// Unit u = (row tile, 128 weight rows): consecutive units share a row tile (its activation rows),
+// then an expert (its weights), so CTAs running together read the same lines.
+struct Unit {
+  int expert, tile, nb;
+};
+__device__ __forceinline__ Unit decode(const Smem& s, const Args& a, int u) {
+  const int tile = u / a.nblocks;
+  // The last expert whose first tile is at or before `tile` (experts without rows share their
+  // start with the next one, so the last of them is the one with rows).
+  int lo = 0, hi = a.experts - 1;
+  while (lo < hi) {
+    const int mid = (lo + hi + 1) / 2;
+    if (s.tile_start[mid] <= tile) lo = mid; else hi = mid - 1;
+  }
+  return Unit{lo, tile - s.tile_start[lo], u - tile * a.nblocks};
+}
+
+// tile_start from the offsets: ceil(rows / 128) tiles per expert, an exclusive scan by warp 0.
+__device__ __forceinline__ void build_tile_starts(Smem& s, const Args& a) {
+  for (int e = threadIdx.x; e < a.experts; e += blockDim.x) {
+    const int begin = __ldg(a.offsets + e), rows = __ldg(a.offsets + e + 1) - begin;
+    s.tile_start[e + 1] = (rows + kTileRows - 1) / kTileRows;
+    s.expert_row[e] = begin;
+    if (e == a.experts - 1) s.expert_row[e + 1] = begin + rows;
+  }
+  __syncthreads();
+  if (threadIdx.x < 32) {
+    const int lane = threadIdx.x, e0 = 16 * lane;
+    int local[16], sum = 0;
+#pragma unroll
+    for (int i = 0; i < 16; ++i) {
+      local[i] = e0 + i < a.experts ? s.tile_start[e0 + i + 1] : 0;
+      sum += local[i];
+    }
+    int incl = sum;
+#pragma unroll
+    for (int off = 1; off < 32; off *= 2) {
+      const int v = __shfl_up_sync(0xffffffffu, incl, off);
+      if (lane >= off) incl += v;
+    }
+    int run = incl - sum;
+    __syncwarp();  // every lane has read its counts before any lane overwrites them
+#pragma unroll
+    for (int i = 0; i < 16; ++i) {
+      run += local[i];
+      if (e0 + i < a.experts) s.tile_start[e0 + i + 1] = run;
+    }
+    if (lane == 0) s.tile_start[0] = 0;
+  }
+  __syncthreads();
+}
+
+// One K block's activations for this thread: rows r and r + 8, 32 fragment bytes each. (Their
+// scales come with the stage: as register loads, they shared scoreboards with these and stalled.)
+struct RowBlock {
+  uint4 a_lo, a_hi, b_lo, b_hi;
+};
+
+__device__ __forceinline__ void load_block(RowBlock& rb, const Args& a, int tok_a, int tok_b, int q, int kb) {
+  // Row t's group kb at t K + 128 kb; quad lane q's lo bytes at + 16 q (the quad covers 0-63), hi
+  // at + 64 + 16 q. int32 offsets: the launcher keeps x_rows * K below 2^31.
+  const uint4* pa = reinterpret_cast<const uint4*>(a.x + (tok_a * a.k + kb * kBlockK + 16 * q));
+  const uint4* pb = reinterpret_cast<const uint4*>(a.x + (tok_b * a.k + kb * kBlockK + 16 * q));
+  rb.a_lo = __ldcg(pa);
+  rb.a_hi = __ldcg(pa + 4);
+  rb.b_lo = __ldcg(pb);
+  rb.b_hi = __ldcg(pb + 4);
+}
+
+// Waits for the stage (weight tile and scales), runs the K block's four MMAs with A from rb, waits
+// for them, frees the stage and returns the two rows' activation scales. Then rb may be reloaded.
+__device__ __forceinline__ float2 mma_block(Smem& s, float (&acc)[64], const RowBlock& rb, const StageCursor& st,
+                                            int tile_row_a, int tile_row_b) {
+  ptx::mbar_wait(&s.full[st.stage], st.phase);
+  const float2 scales = make_float2(s.xs[st.stage][tile_row_a], s.xs[st.stage][tile_row_b]);
+  const uint64_t desc_b = ptx::smem_desc_k_major_sw128(&s.w[st.stage][0]);
+  // k32 step j's operand quad: row r's words (j, h = 0), row r + 8's, row r's (j, h = 1), row
+  // r + 8's (fragment_word order). Each quad mixes two loads, so it is assembled here, pinned by a
+  // zero read after the wait (as plain moves, ptxas put them right after the loads, where they
+  // waited out the loads' L2 round trip: 30 % of the stall samples).
+  const uint32_t pin = *reinterpret_cast<volatile const uint32_t*>(&s.zero_word);
+  uint32_t frag[4][4];
+  ptx::regroup_a_fragments(frag, rb.a_lo, rb.a_hi, rb.b_lo, rb.b_hi, pin);
+#pragma unroll
+  for (int i = 0; i < 64; ++i) ptx::fence_operand(acc[i]);
+  ptx::wgmma_fence();
+#pragma unroll
+  for (int j = 0; j < kBlockK / 32; ++j) ptx::WgmmaE4M3RegA128::mma(acc, frag[j], desc_b + 2 * j, j > 0 ? 1 : 0);
+  ptx::wgmma_commit_group();
+  ptx::wgmma_wait_group<0>();
+#pragma unroll
+  for (int i = 0; i < 64; ++i) ptx::fence_operand(acc[i]);
+  // Every lane's MMAs and scale reads are done with the stage: free it.
+  __syncwarp();
+  if (threadIdx.x % 32 == 0) ptx::mbar_arrive(&s.empty[st.stage]);
+  return scales;
+}
+
+__global__ void __launch_bounds__(kThreads, 1)
+    gemm_fp8_regs_kernel(const __grid_constant__ CUtensorMap weights_map, const Args a) {
+  extern __shared__ uint8_t smem_raw[];
+  const uint32_t align_pad = (1024u - uint32_t(reinterpret_cast<uintptr_t>(smem_raw) % 1024u)) % 1024u;
+  Smem& s = *reinterpret_cast<Smem*>(smem_raw + align_pad);
+  if (threadIdx.x == 0) {
+    for (int i = 0; i < kStages; ++i) {
+      ptx::mbar_init(&s.full[i], 1 + 32);  // the weight tile's arrive.expect_tx, warp 2's scale copies
+      ptx::mbar_init(&s.empty[i], kConsumerWarps);
+    }
+    for (int i = 0; i < kMetaSlots; ++i) {
+      ptx::mbar_init(&s.meta_full[i], 32);
+      ptx::mbar_init(&s.meta_empty[i], 32 * kConsumerWarps + 32);
+    }
+    ptx::fence_mbar_init();
+    s.zero_word = 0;
+    ptx::prefetch_tensormap(&weights_map);
+  }
+  // Everything below reads what the dispatch and quantisation kernels wrote.
+  ptx::pdl_wait();
+  build_tile_starts(s, a);  // its barriers also publish the mbarrier initialisation
+  const int units = s.tile_start[a.experts] * a.nblocks;
+
+  const int warpgroup = threadIdx.x / 128;
+  if (warpgroup == 0) {
+    ptx::setmaxnreg_dec<kProducerRegs>();
+    if (threadIdx.x == 0) {
+      StageCursor st;
+      for (int u = blockIdx.x; u < units; u += gridDim.x) {
+        const Unit unit = decode(s, a, u);
+        const int w_row = unit.expert * a.n + unit.nb * kTileCols;
+        for (int kb = 0; kb < a.kblocks; ++kb) {
+          ptx::mbar_wait(&s.empty[st.stage], st.phase ^ 1);
+          ptx::mbar_arrive_expect_tx(&s.full[st.stage], kWTileBytes);
+          ptx::tma_load_2d(s.w[st.stage], &weights_map, kb * kBlockK, w_row, &s.full[st.stage]);
+          st.advance();
+        }
+      }
+    } else if (threadIdx.x / 32 == 1) {
+      // Warp 1: each unit's rows (tokens, top-k weights) and weight scales into the meta ring.
+      const int lane = threadIdx.x % 32;
+      uint32_t slot = 0, phase = 0;
+      for (int u = blockIdx.x;; u += gridDim.x) {
+        ptx::mbar_wait(&s.meta_empty[slot], phase ^ 1);
+        UnitMeta& m = s.meta[slot];
+        if (u >= units) {
+          if (lane == 0) m.rows = -1;
+        } else {
+          const Unit unit = decode(s, a, u);
+          const int begin = s.expert_row[unit.expert] + unit.tile * kTileRows;
+          const int rows = min(kTileRows, s.expert_row[unit.expert + 1] - begin);
+          for (int i = lane; i < kTileRows; i += 32) {
+            m.token[i] = i < rows ? __ldg(a.row_token + begin + i) : 0;
+            m.weight[i] = i < rows ? __ldg(a.row_weight + begin + i) : 0.0f;
+          }
+          const float* wscale = a.weight_scales + (int64_t(unit.expert) * a.nblocks + unit.nb) * a.kblocks;
+          for (int i = lane; i < a.kblocks; i += 32) m.wscale[i] = __ldg(wscale + i);
+          if (lane == 0) {
+            m.row0 = begin;
+            m.rows = rows;
+            m.nb = unit.nb;
+          }
+        }
+        ptx::mbar_arrive(&s.meta_full[slot]);  // release: this lane's stores
+        if (++slot == kMetaSlots) slot = 0, phase ^= 1;
+        if (u >= units) break;
+      }
+    } else if (threadIdx.x / 32 == 2) {
+      // Warp 2: each stage's activation scales of the tile's 128 rows, by cp.async (completion
+      // through the stage's full barrier), in step with the weight tiles.
+      const int lane = threadIdx.x % 32;
+      uint32_t slot = 0, phase = 0;
+      StageCursor st;
+      while (true) {
+        ptx::mbar_wait(&s.meta_full[slot], phase);
+        const UnitMeta& m = s.meta[slot];
+        if (m.rows < 0) break;
+        int tok[kTileRows / 32];
+#pragma unroll
+        for (int i = 0; i < kTileRows / 32; ++i) tok[i] = m.token[lane + 32 * i];
+        ptx::mbar_arrive(&s.meta_empty[slot]);
+        for (int kb = 0; kb < a.kblocks; ++kb) {
+          ptx::mbar_wait(&s.empty[st.stage], st.phase ^ 1);
+          const float* src = a.x_scales + int64_t(kb) * a.x_rows;
+#pragma unroll
+          for (int i = 0; i < kTileRows / 32; ++i)
+            ptx::cp_async_4_zfill(ptx::smem_u32(&s.xs[st.stage][lane + 32 * i]), src + tok[i], 4u);
+          ptx::cp_async_mbar_arrive_noinc(&s.full[st.stage]);
+          st.advance();
+        }
+        if (++slot == kMetaSlots) slot = 0, phase ^= 1;
+      }
+    }
+  } else {
+    ptx::setmaxnreg_inc<kConsumerRegs>();
+    const int consumer = warpgroup - 1, lane = threadIdx.x % 32, q = lane % 4;
+    const int row_a = 16 * (threadIdx.x / 32 % 4) + lane / 4, row_b = row_a + 8;  // in the warpgroup's 64
+    StageCursor st;
+    uint32_t slot = 0, phase = 0;
+    auto next_slot = [&] {
+      if (++slot == kMetaSlots) slot = 0, phase ^= 1;
+    };
+    // This warpgroup's rows of the unit in `slot` (<= 0: none), and its threads' two tokens.
+    auto wg_rows_of = [&](const UnitMeta& m) { return min(64, m.rows - 64 * consumer); };
+    ptx::mbar_wait(&s.meta_full[slot], phase);
+    RowBlock ring[kRing];
+    {
+      const UnitMeta& m = s.meta[slot];
+      if (wg_rows_of(m) > 0)
+#pragma unroll
+        for (int i = 0; i < kRing; ++i)
+          load_block(ring[i], a, m.token[64 * consumer + row_a], m.token[64 * consumer + row_b], q, i);
+    }
+    while (s.meta[slot].rows >= 0) {
+      const UnitMeta& m = s.meta[slot];
+      const uint32_t cur_slot = slot;
+      next_slot();
+      // The next unit (the loader is two ahead: no wait in the steady state): its first blocks are
+      // loaded into the ring slots this unit's last blocks free.
+      ptx::mbar_wait(&s.meta_full[slot], phase);
+      const UnitMeta& next = s.meta[slot];
+      const bool next_has_rows = next.rows >= 0 && wg_rows_of(next) > 0;
+      const int next_tok_a = next.token[64 * consumer + row_a], next_tok_b = next.token[64 * consumer + row_b];
+      const int wg_rows = wg_rows_of(m);
+      if (wg_rows <= 0) {
+        // No rows here (the expert's last tile is at most half full): keep the stage ring in step.
+        for (int kb = 0; kb < a.kblocks; ++kb) {
+          ptx::mbar_wait(&s.full[st.stage], st.phase);
+          __syncwarp();
+          if (lane == 0) ptx::mbar_arrive(&s.empty[st.stage]);
+          st.advance();
+        }
+        if (next_has_rows)
+#pragma unroll
+          for (int i = 0; i < kRing; ++i) load_block(ring[i], a, next_tok_a, next_tok_b, q, i);
+        ptx::mbar_arrive(&s.meta_empty[cur_slot]);
+        continue;
+      }
+      const int tok_a = m.token[64 * consumer + row_a], tok_b = m.token[64 * consumer + row_b];
+      float final_acc[64], acc[64];
+#pragma unroll
+      for (int i = 0; i < 64; ++i) final_acc[i] = 0.0f;
+      // K blocks in steps of kRing (kblocks is a multiple of it) so each ring slot is a
+      // compile-time register choice, and the next unit's block j lands in slot j.
+      for (int kb0 = 0; kb0 < a.kblocks; kb0 += kRing) {
+#pragma unroll
+        for (int i = 0; i < kRing; ++i) {
+          const int kb = kb0 + i;
+          const float sw = m.wscale[kb];
+          const float2 xs = mma_block(s, acc, ring[i], st, 64 * consumer + row_a, 64 * consumer + row_b);
+          const float scale_a = xs.x * sw, scale_b = xs.y * sw;
+          st.advance();
+          if (kb + kRing < a.kblocks)
+            load_block(ring[i], a, tok_a, tok_b, q, kb + kRing);
+          else if (next_has_rows)
+            load_block(ring[i], a, next_tok_a, next_tok_b, q, kb + kRing - a.kblocks);
+#pragma unroll
+          for (int j = 0; j < 16; ++j) {
+            final_acc[4 * j + 0] += acc[4 * j + 0] * scale_a;
+            final_acc[4 * j + 1] += acc[4 * j + 1] * scale_a;
+            final_acc[4 * j + 2] += acc[4 * j + 2] * scale_b;
+            final_acc[4 * j + 3] += acc[4 * j + 3] * scale_b;
+          }
+        }
+      }
+
+      // Epilogue: lanes q and q ^ 1 swap halves so that each holds four consecutive outputs of one
+      // row (even q: row r, odd q: row r + 8), one 16-byte reduction or store each.
+      const bool even = q % 2 == 0;
+      const int my_row = 64 * consumer + (even ? row_a : row_b);  // in the tile
+      const bool ok = my_row - 64 * consumer < wg_rows;
+      const float wt = m.weight[my_row];
+      float* dst = a.out + int64_t(a.atomic ? m.token[my_row] : m.row0 + my_row) * a.n;
+      const int nb = m.nb;
+      ptx::mbar_arrive(&s.meta_empty[cur_slot]);  // every read of the unit's meta is done
+#pragma unroll
+      for (int j = 0; j < 16; ++j) {
+        const float give0 = even ? final_acc[4 * j + 2] : final_acc[4 * j + 0];
+        const float give1 = even ? final_acc[4 * j + 3] : final_acc[4 * j + 1];
+        const float got0 = __shfl_xor_sync(0xffffffffu, give0, 1);
+        const float got1 = __shfl_xor_sync(0xffffffffu, give1, 1);
+        const float v0 = even ? final_acc[4 * j + 0] : got0, v1 = even ? final_acc[4 * j + 1] : got1;
+        const float v2 = even ? got0 : final_acc[4 * j + 2], v3 = even ? got1 : final_acc[4 * j + 3];
+        const int n = nb * kTileCols + 8 * j + 4 * (q / 2);
+        if (!ok || n >= a.n) continue;
+        if (a.atomic)
+          ptx::red_add_v4_f32(dst + n, wt * v0, wt * v1, wt * v2, wt * v3);
+        else
+          *reinterpret_cast<float4*>(dst + n) = make_float4(wt * v0, wt * v1, wt * v2, wt * v3);
+      }
+    }
+  }
+  ptx::pdl_launch_dependents();
+}
+
+}  // namespace
+
+void launch_gemm_fp8_regs(const GemmFp8Params& p, const GemmFp8Config& cfg, const DeviceInfo& device,
+                          cudaStream_t stream, bool pdl) {
+  const std::string who = "fp8 GEMM (rows in registers): ";
+  if (cfg.x_source != XSource::token_fragments) throw Error(who + "needs XSource::token_fragments");
+  if (p.n <= 0 || p.k <= 0 || p.n % 16 || p.k % kBlockK || p.k > kMaxK)
+    throw Error(who + "N must be a positive multiple of 16 and K a multiple of 128 up to " + std::to_string(kMaxK) +
+                " (got N=" + std::to_string(p.n) + ", K=" + std::to_string(p.k) + ")");
+  if (p.experts <= 0 || p.experts > kMaxTileExperts)
+    throw Error(who + "experts must be in [1, " + std::to_string(kMaxTileExperts) + "]");
+  if (p.k % (kRing * kBlockK))
+    throw Error(who + "K must be a multiple of " + std::to_string(kRing * kBlockK) + " (the register ring), got " +
+                std::to_string(p.k));
+  if (int64_t(p.experts) * p.n >= (int64_t(1) << 31) || p.x_rows <= 0 || p.x_rows * p.k >= (int64_t(1) << 31))
+    throw Error(who + "sizes exceed the kernel's 32-bit coordinates");
+  if (!p.weights || !p.weight_scales || !p.x || !p.x_scales || !p.offsets || !p.row_token || !p.row_weight || !p.out)
+    throw Error(who + "null device pointer");
+  if (reinterpret_cast<uintptr_t>(p.x) % 16 || reinterpret_cast<uintptr_t>(p.x_scales) % 4)
+    throw Error(who + "the activation rows must be 16-byte aligned");
+  if (p.x_scale_layout != ScaleLayout::group_major) throw Error(who + "reads group-major activation scales");
+  if (cfg.split_k != 1 || cfg.balanced || cfg.dynamic || cfg.handoff_epilogue || cfg.rescale_promotion ||
+      cfg.bulk_combine)
+    throw Error(who + "takes none of split-K, balanced shares, the dynamic tail, the hand-off epilogue, the "
+                      "rescale promotion or the bulk combine: " + cfg.str());
+  Args a{p.x, p.x_scales, p.x_rows, p.weight_scales, p.offsets, p.row_token, p.row_weight, p.out,
+         p.experts, p.n, p.k, (p.n + kTileCols - 1) / kTileCols, p.k / kBlockK,
+         p.combine == CombineMode::atomic ? 1 : 0};
+  const CUtensorMap map = make_tensor_map_2d(p.weights, CU_TENSOR_MAP_DATA_TYPE_UINT8, 1,
+                                             uint64_t(p.experts) * p.n, p.k, p.k, kTileCols, kBlockK, TmaSwizzle::b128);
+  static_assert(sizeof(Smem) + 1024 <= 227 * 1024, "shared memory budget of one sm_90 CTA");
+  const size_t smem = sizeof(Smem) + 1024;  // + alignment slack for the 1024-byte base
+  static bool configured = false;
+  if (!configured) {
+    LOOM_CUDA_CHECK(cudaFuncSetAttribute(gemm_fp8_regs_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
+    configured = true;
+  }
+  // Persistent: one CTA per SM; the row tiles are known only on the device.
+  launch_kernel(gemm_fp8_regs_kernel, dim3(device.sm_count), dim3(kThreads), smem, stream, pdl, map, a);
+}
+
+}  // namespace loom

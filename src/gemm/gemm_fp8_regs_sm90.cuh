@@ -1,0 +1,32 @@
+// Grouped FP8 GEMM for batches where experts have a hundred rows or more (XSource::
+// token_fragments): token rows on the MMA's M side, weight rows on its N side, and no
+// expert-sorted copy of the activations to write first.
+//
+// Tile: 128 of an expert's rows (two consumer warpgroups of 64) x 128 weight rows, over all of K.
+// Producer warpgroup: warp 0 streams the weight tiles by TMA into an 8-stage ring; warp 1 loads
+// each unit's row tokens, top-k weights and weight scales into a ring of unit records two units
+// ahead; warp 2 copies each stage's activation scales of the tile's rows by cp.async. Each
+// consumer thread loads its two rows' bytes for a K block straight from the token-order codes
+// into wgmma A-fragment registers (the quantiser lays them out for it: fragment_word,
+// device_layout.hpp), two K blocks ahead, the next unit's first blocks during this unit's last.
+//
+// Per 128-wide K block: four wgmma m64n128k32 (A from registers) into a block accumulator, then
+// final += block * weight_scale * activation_scale(row) once the block's MMAs complete; the other
+// warpgroup's MMAs run meanwhile. Epilogue: out[token, n] += topk_weight * final (red.global.add
+// .v4.f32), or y[row, n] = topk_weight * final in store mode.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include "common/device_info.hpp"
+#include "gemm/gemm_fp8_block_sm90.cuh"
+
+namespace loom {
+
+// Throws loom::Error for what the kernel cannot take (K not a multiple of 256 or above 8192, N not a
+// multiple of 16, more than 512 experts, x_rows * K from 2^31, options of the other kernel) and on
+// launch failure.
+void launch_gemm_fp8_regs(const GemmFp8Params& p, const GemmFp8Config& cfg, const DeviceInfo& device,
+                          cudaStream_t stream, bool pdl);
+
+}  // namespace loom
