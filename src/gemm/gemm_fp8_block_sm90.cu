@@ -11,6 +11,7 @@
 #include "common/launch.hpp"
 #include "common/tensor_map.hpp"
 #include "gemm/gemm_fp8_regs_sm90.cuh"
+#include "gemm/ring_cursor.cuh"
 #include "ptx/barrier.cuh"
 #include "ptx/cp_async.cuh"
 #include "ptx/mbarrier.cuh"
@@ -184,17 +185,6 @@ static_assert(kEpilogueStride % 4 == 0, "staged columns start on 16 bytes (float
 static_assert(kBlockM == 32 * 4, "hand-off epilogue: one lane per 4 output columns of a 128-row block");
 
 __host__ __device__ constexpr int width_index(int rows) { return rows <= 16 ? 0 : rows <= 32 ? 1 : rows <= 64 ? 2 : 3; }
-
-template <int kStages>
-struct PipelineState {
-  uint32_t stage = 0, phase = 0;
-  __device__ void advance() {
-    if (++stage == kStages) {
-      stage = 0;
-      phase ^= 1;
-    }
-  }
-};
 
 // A work unit: one expert's 128 weight rows over one K range, for all of the expert's rows.
 struct Unit {
@@ -796,13 +786,13 @@ __global__ void __launch_bounds__(kThreads, 1)
     Unit unit;
     // Sorted rows: thread 0 loads every tile by TMA (and, with the dynamic tail, first announces the
     // unit to the consumers).
-    PipelineState<S::kStages> ring;  // unit_ring slot and phase (kUnitSlots < kStages: advanced by hand)
+    PipelineState<kUnitSlots> ring;  // unit_ring slot and phase
     PipelineState<QuadScales::kSlots> quad;  // hand-off: the scale-quad ring
     auto announce = [&](int index, int row_begin, int rows) {
       ptx::mbar_wait(&s.unit_empty[ring.stage], ring.phase ^ 1);
       s.unit_ring[ring.stage] = make_int4(index, row_begin, rows, 0);
       ptx::mbar_arrive(&s.unit_full[ring.stage]);  // release: publishes the slot
-      if (++ring.stage == kUnitSlots) ring.stage = 0, ring.phase ^= 1;
+      ring.advance();
     };
     auto load_sorted_unit = [&](const Unit& unit, int index, bool dynamic) {
       const int e = unit.expert, nb = unit.nb;
@@ -938,7 +928,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     WorkCursor work(a, warm_up ? end_warm_up() : units);
     Unit unit;
     const bool dynamic = !gather && a.work_queue != nullptr;
-    PipelineState<S::kStages> ring;  // unit_ring slot and phase, as the producer's
+    PipelineState<kUnitSlots> ring;  // unit_ring slot and phase, as the producer's
     while (true) {
       int row_begin, rows;
       if (dynamic) {
@@ -946,7 +936,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         const int4 tag = s.unit_ring[ring.stage];
         // Each thread's arrival releases its own read of the slot (once a unit: cheap).
         ptx::mbar_arrive(&s.unit_empty[ring.stage]);
-        if (++ring.stage == kUnitSlots) ring.stage = 0, ring.phase ^= 1;
+        ring.advance();
         if (tag.x < 0) break;
         unit = decode_unit(s, a, tag.x);
         row_begin = tag.y;

@@ -7,6 +7,7 @@
 #include "common/cuda_check.hpp"
 #include "common/launch.hpp"
 #include "common/tensor_map.hpp"
+#include "gemm/ring_cursor.cuh"
 #include "pipeline/device_layout.hpp"
 #include "ptx/cp_async.cuh"
 #include "ptx/mbarrier.cuh"
@@ -78,12 +79,8 @@ struct Args {
   int atomic;
 };
 
-struct StageCursor {
-  uint32_t stage = 0, phase = 0;
-  __device__ void advance() {
-    if (++stage == kStages) stage = 0, phase ^= 1;
-  }
-};
+using StageCursor = PipelineState<kStages>;
+using MetaCursor = PipelineState<kMetaSlots>;
 
 // Unit u = (row tile, 128 weight rows): consecutive units share a row tile (its activation rows),
 // then an expert (its weights), so CTAs running together read the same lines.
@@ -224,10 +221,10 @@ __global__ void __launch_bounds__(kThreads, 1)
     } else if (threadIdx.x / 32 == 1) {
       // Warp 1: each unit's rows (tokens, top-k weights) and weight scales into the meta ring.
       const int lane = threadIdx.x % 32;
-      uint32_t slot = 0, phase = 0;
+      MetaCursor mc;
       for (int u = blockIdx.x;; u += gridDim.x) {
-        ptx::mbar_wait(&s.meta_empty[slot], phase ^ 1);
-        UnitMeta& m = s.meta[slot];
+        ptx::mbar_wait(&s.meta_empty[mc.stage], mc.phase ^ 1);
+        UnitMeta& m = s.meta[mc.stage];
         if (u >= units) {
           if (lane == 0) m.rows = -1;
         } else {
@@ -246,24 +243,24 @@ __global__ void __launch_bounds__(kThreads, 1)
             m.nb = unit.nb;
           }
         }
-        ptx::mbar_arrive(&s.meta_full[slot]);  // release: this lane's stores
-        if (++slot == kMetaSlots) slot = 0, phase ^= 1;
+        ptx::mbar_arrive(&s.meta_full[mc.stage]);  // release: this lane's stores
+        mc.advance();
         if (u >= units) break;
       }
     } else if (threadIdx.x / 32 == 2) {
       // Warp 2: each stage's activation scales of the tile's 128 rows, by cp.async (completion
       // through the stage's full barrier), in step with the weight tiles.
       const int lane = threadIdx.x % 32;
-      uint32_t slot = 0, phase = 0;
+      MetaCursor mc;
       StageCursor st;
       while (true) {
-        ptx::mbar_wait(&s.meta_full[slot], phase);
-        const UnitMeta& m = s.meta[slot];
+        ptx::mbar_wait(&s.meta_full[mc.stage], mc.phase);
+        const UnitMeta& m = s.meta[mc.stage];
         if (m.rows < 0) break;
         int tok[kTileRows / 32];
 #pragma unroll
         for (int i = 0; i < kTileRows / 32; ++i) tok[i] = m.token[lane + 32 * i];
-        ptx::mbar_arrive(&s.meta_empty[slot]);
+        ptx::mbar_arrive(&s.meta_empty[mc.stage]);
         for (int kb = 0; kb < a.kblocks; ++kb) {
           ptx::mbar_wait(&s.empty[st.stage], st.phase ^ 1);
           const float* src = a.x_scales + int64_t(kb) * a.x_rows;
@@ -273,7 +270,7 @@ __global__ void __launch_bounds__(kThreads, 1)
           ptx::cp_async_mbar_arrive_noinc(&s.full[st.stage]);
           st.advance();
         }
-        if (++slot == kMetaSlots) slot = 0, phase ^= 1;
+        mc.advance();
       }
     }
   } else {
@@ -281,29 +278,26 @@ __global__ void __launch_bounds__(kThreads, 1)
     const int consumer = warpgroup - 1, lane = threadIdx.x % 32, q = lane % 4;
     const int row_a = 16 * (threadIdx.x / 32 % 4) + lane / 4, row_b = row_a + 8;  // in the warpgroup's 64
     StageCursor st;
-    uint32_t slot = 0, phase = 0;
-    auto next_slot = [&] {
-      if (++slot == kMetaSlots) slot = 0, phase ^= 1;
-    };
-    // This warpgroup's rows of the unit in `slot` (<= 0: none), and its threads' two tokens.
+    MetaCursor mc;
+    // This warpgroup's rows of a unit (<= 0: none).
     auto wg_rows_of = [&](const UnitMeta& m) { return min(64, m.rows - 64 * consumer); };
-    ptx::mbar_wait(&s.meta_full[slot], phase);
+    ptx::mbar_wait(&s.meta_full[mc.stage], mc.phase);
     RowBlock ring[kRing];
     {
-      const UnitMeta& m = s.meta[slot];
+      const UnitMeta& m = s.meta[mc.stage];
       if (wg_rows_of(m) > 0)
 #pragma unroll
         for (int i = 0; i < kRing; ++i)
           load_block(ring[i], a, m.token[64 * consumer + row_a], m.token[64 * consumer + row_b], q, i);
     }
-    while (s.meta[slot].rows >= 0) {
-      const UnitMeta& m = s.meta[slot];
-      const uint32_t cur_slot = slot;
-      next_slot();
+    while (s.meta[mc.stage].rows >= 0) {
+      const UnitMeta& m = s.meta[mc.stage];
+      const uint32_t cur_slot = mc.stage;
+      mc.advance();
       // The next unit (the loader is two ahead: no wait in the steady state): its first blocks are
       // loaded into the ring slots this unit's last blocks free.
-      ptx::mbar_wait(&s.meta_full[slot], phase);
-      const UnitMeta& next = s.meta[slot];
+      ptx::mbar_wait(&s.meta_full[mc.stage], mc.phase);
+      const UnitMeta& next = s.meta[mc.stage];
       const bool next_has_rows = next.rows >= 0 && wg_rows_of(next) > 0;
       const int next_tok_a = next.token[64 * consumer + row_a], next_tok_b = next.token[64 * consumer + row_b];
       const int wg_rows = wg_rows_of(m);
