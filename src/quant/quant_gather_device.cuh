@@ -6,6 +6,7 @@
 
 #include "ptx/prefetch.cuh"
 #include "quant/quant_gather_sm90.cuh"
+#include "quant/scale_divide.hpp"
 
 // Mapping: one 128-wide group of one token per 8 lanes ("octet"). Lane `sub` of the octet owns 16
 // consecutive bf16 (two 16-byte loads) and produces one 16-byte store of 16 codes per target row,
@@ -20,9 +21,11 @@
 // Arithmetic (bit for bit quantize_1x128_ref, docs/numerics.md):
 //   amax  = max over |x| by `a > amax` comparisons: a NaN (quiet or signalling) never wins
 //   scale = fmaxf(amax, 1e-10f) / 448      IEEE division (__fdiv_rn)
-//   v     = x / scale                      IEEE division (__fdiv_rn), never x * (1/scale)
-//   v     clamped to [-448, 448] by two comparisons, so NaN passes (fminf/fmaxf would turn it into
-//         +-448), then cvt.rn.satfinite.e4m3x2.f32 (the encoder the host codec reproduces).
+//   v     = x / scale                      by the group's reciprocal and one correction
+//                                          (divide_by_scale): the IEEE quotient's code, never
+//                                          the plain x * (1/scale)
+//   code  = cvt.rn.satfinite.e4m3x2.f32(v) (the encoder the host codec reproduces); its saturation
+//         is the reference's clamp to +-448, and NaN stays NaN.
 
 namespace loom::quant_detail {
 
@@ -38,13 +41,6 @@ __device__ __forceinline__ uint32_t e4m3x2(float lo, float hi) {
   uint16_t r;
   asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(r) : "f"(hi), "f"(lo));
   return r;
-}
-
-__device__ __forceinline__ float scaled(float x, float scale) {
-  float v = __fdiv_rn(x, scale);
-  v = v > kE4M3MaxF ? kE4M3MaxF : v;    // comparisons, not fminf/fmaxf: NaN fails both and stays NaN
-  v = v < -kE4M3MaxF ? -kE4M3MaxF : v;
-  return v;
 }
 
 // bf16 pairs in a 32-bit word -> floats (exact widening).
@@ -80,6 +76,7 @@ struct UnitCodes {
 
 // Loads and quantises this lane's 16 values of unit (t, c) (inactive lanes load nothing and give
 // amax 0). Every lane of the warp must call it (octet shuffles).
+__device__ __forceinline__ UnitCodes quantize_raw(uint4 raw0, uint4 raw1);
 __device__ __forceinline__ UnitCodes quantize_unit(const QuantGatherParams& p, uint32_t t, uint32_t c, bool active) {
   uint4 raw0 = make_uint4(0u, 0u, 0u, 0u), raw1 = raw0;
   if (active) {
@@ -87,6 +84,9 @@ __device__ __forceinline__ UnitCodes quantize_unit(const QuantGatherParams& p, u
     raw0 = __ldcg(src);
     raw1 = __ldcg(src + 1);
   }
+  return quantize_raw(raw0, raw1);
+}
+__device__ __forceinline__ UnitCodes quantize_raw(uint4 raw0, uint4 raw1) {
   float x[16];
   const uint32_t w[8] = {raw0.x, raw0.y, raw0.z, raw0.w, raw1.x, raw1.y, raw1.z, raw1.w};
 #pragma unroll
@@ -107,13 +107,20 @@ __device__ __forceinline__ UnitCodes quantize_unit(const QuantGatherParams& p, u
   for (int off = kLanesPerUnit / 2; off > 0; off /= 2) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, off));
   UnitCodes u;
   u.scale = __fdiv_rn(fmaxf(amax, kScaleFloor), kE4M3MaxF);
+  // x / scale needs no clamp to +-448 before the encoder: |x| <= amax puts it within an fp32 ulp of
+  // 448 at most, and cvt's satfinite saturates that to 448 exactly as the reference's clamp does
+  // (NaN stays NaN either way).
+  if (u.scale < INFINITY) {  // by the group's reciprocal (scale_divide.hpp)
+    const float rcp = __frcp_rn(u.scale);
+#pragma unroll
+    for (int i = 0; i < 16; ++i) x[i] = divide_by_scale(x[i], u.scale, rcp);
+  } else {  // an infinite input: divide (its group's codes are NaN and +-0)
+#pragma unroll
+    for (int i = 0; i < 16; ++i) x[i] = __fdiv_rn(x[i], u.scale);
+  }
   uint32_t q[4];
 #pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    const uint32_t lo = e4m3x2(scaled(x[4 * i], u.scale), scaled(x[4 * i + 1], u.scale));
-    const uint32_t hi = e4m3x2(scaled(x[4 * i + 2], u.scale), scaled(x[4 * i + 3], u.scale));
-    q[i] = lo | (hi << 16);
-  }
+  for (int i = 0; i < 4; ++i) q[i] = e4m3x2(x[4 * i], x[4 * i + 1]) | (e4m3x2(x[4 * i + 2], x[4 * i + 3]) << 16);
   u.codes = make_uint4(q[0], q[1], q[2], q[3]);
   return u;
 }
@@ -135,6 +142,23 @@ __device__ __forceinline__ UnitPos unit_position(const QuantGatherParams& p, uin
   u.c = u.g * kLanesPerUnit + uint32_t(sub);
   u.active = u.unit_ok && u.c < chunks;
   return u;
+}
+
+// Token order: this lane's 16 codes of unit u into row u.t, plain or in A-fragment order.
+__device__ __forceinline__ void store_token_order_codes(const QuantGatherParams& p, const UnitPos& u, uint4 codes) {
+  uint8_t* row = p.a_sorted + int64_t(u.t) * p.hidden_dim;
+  if (p.fragment_order) {
+    // Lane sub's words 4 sub + i go to fragment_word(4 sub + i) = 16 (sub / 4) + 4 i + sub % 4:
+    // the octet's stores of each i fill two 16-byte pieces.
+    const int sub = int(threadIdx.x & 31u) & (kLanesPerUnit - 1);
+    uint32_t* group = reinterpret_cast<uint32_t*>(row + int64_t(u.g) * 128) + 16 * (sub / 4) + sub % 4;
+    group[0] = codes.x;
+    group[4] = codes.y;
+    group[8] = codes.z;
+    group[12] = codes.w;
+  } else {
+    *reinterpret_cast<uint4*>(row + int64_t(u.c) * 16) = codes;
+  }
 }
 
 // Before a PDL wait, in a kernel that is not the first of its chain (so the hidden rows' producer
@@ -205,18 +229,10 @@ __device__ __forceinline__ void quant_gather_body(const QuantGatherParams& p, ui
       for (int jj = 0; jj < n; ++jj) {
         const int32_t row = __shfl_sync(0xffffffffu, mine, octet_base + jj);
         if (!active || row < 0) continue;
-        if (token_order && p.fragment_order) {
-          // Lane sub's words 4 sub + i go to fragment_word(4 sub + i) = 16 (sub / 4) + 4 i + sub % 4:
-          // the octet's stores of each i fill two 16-byte pieces.
-          uint32_t* group = reinterpret_cast<uint32_t*>(p.a_sorted + int64_t(row) * H + int64_t(g) * 128) +
-                            16 * (sub / 4) + sub % 4;
-          group[0] = codes.x;
-          group[4] = codes.y;
-          group[8] = codes.z;
-          group[12] = codes.w;
-        } else {
+        if (token_order)
+          store_token_order_codes(p, u, codes);
+        else
           *reinterpret_cast<uint4*>(p.a_sorted + int64_t(row) * H + int64_t(c) * 16) = codes;
-        }
       }
     }
   }
@@ -224,5 +240,39 @@ __device__ __forceinline__ void quant_gather_body(const QuantGatherParams& p, ui
   clear_output(p, tid, nth);
 }
 
+// Token order alone (no route_row; the fused route + quantise launch at large T): each warp takes
+// kPasses passes of 4 (token, group) units at a time and issues all their loads before any
+// arithmetic, so a thread keeps 2 * kPasses 16-byte loads in flight (the one-pass loop above keeps
+// 2). Same codes, scales and clear as quant_gather_body with route_row = nullptr.
+template <int kPasses>
+__device__ __forceinline__ void quant_token_order_body(const QuantGatherParams& p, uint64_t warp, uint64_t warps,
+                                                       int64_t tid, int64_t nth) {
+  static_assert(kPasses >= 1 && kPasses <= 4, "2 * kPasses uint4 registers of loads per thread");
+  const int H = p.hidden_dim;
+  const uint64_t units = uint64_t(p.tokens) * (uint32_t(H + 127) / 128u);
+  const int sub = int(threadIdx.x & 31u) & (kLanesPerUnit - 1);
+  // Warp-uniform trip count, as in quant_gather_body (the octet shuffles need every lane).
+  for (uint64_t wbase = warp * kUnitsPerWarp * kPasses; wbase < units; wbase += warps * kUnitsPerWarp * kPasses) {
+    UnitPos u[kPasses];
+    uint4 raw0[kPasses], raw1[kPasses];
+#pragma unroll
+    for (int i = 0; i < kPasses; ++i) {
+      u[i] = unit_position(p, wbase + uint64_t(i) * kUnitsPerWarp);
+      raw0[i] = raw1[i] = make_uint4(0u, 0u, 0u, 0u);
+      if (u[i].active) {
+        const uint4* src = reinterpret_cast<const uint4*>(p.hidden + int64_t(u[i].t) * H) + 2 * u[i].c;
+        raw0[i] = __ldcg(src);
+        raw1[i] = __ldcg(src + 1);
+      }
+    }
+#pragma unroll
+    for (int i = 0; i < kPasses; ++i) {
+      const UnitCodes q = quantize_raw(raw0[i], raw1[i]);
+      if (u[i].unit_ok && sub == 0) p.a_scales[scale_index(p.scale_layout, u[i].g, u[i].t, p.padded_rows)] = q.scale;
+      if (u[i].active) store_token_order_codes(p, u[i], q.codes);
+    }
+  }
+  clear_output(p, tid, nth);
+}
 
 }  // namespace loom::quant_detail
