@@ -14,6 +14,10 @@ namespace {
 
 constexpr int kWarpsPerCta = 4;  // one token per warp
 constexpr int kThreads = kWarpsPerCta * 32;
+// Quantising warps take two passes of 4 (token, group) units at a time, all loads first
+// (quant_token_order_body): T=4096 / 8192 e2e 194.8 / 312.2 us against 199.6 / 321.0 with one pass,
+// 195.9 / 312.7 with four (docs/perf.md, thirteenth session).
+constexpr int kQuantPasses = 2;
 
 template <int V, bool kSigmoid>
 __global__ void __launch_bounds__(kThreads, 1) route_quant_kernel(const RouteTopkParams rp, const QuantGatherParams qp,
@@ -33,11 +37,13 @@ __global__ void __launch_bounds__(kThreads, 1) route_quant_kernel(const RouteTop
     const int64_t token = int64_t(blockIdx.x) * kWarpsPerCta + warp;
     int32_t id;
     float weight;
-    if (token < rp.tokens) route_detail::route_one_token<V, kSigmoid, kWarpsPerCta>(rp, token, lane, warp, id, weight);
+    // This launch runs from T = 4096 (token_fragments): issue-bound, so the two-best ranking.
+    if (token < rp.tokens)
+      route_detail::route_one_token<V, kSigmoid, kWarpsPerCta, true>(rp, token, lane, warp, id, weight);
   } else {
     const int64_t block = int64_t(blockIdx.x) - route_ctas, blocks = int64_t(gridDim.x) - route_ctas;
     const int64_t tid = block * kThreads + threadIdx.x, nth = blocks * kThreads;
-    quant_detail::quant_gather_body(qp, uint64_t(tid) >> 5, uint64_t(nth) >> 5, tid, nth);
+    quant_detail::quant_token_order_body<kQuantPasses>(qp, uint64_t(tid) >> 5, uint64_t(nth) >> 5, tid, nth);
   }
 }
 
@@ -65,7 +71,8 @@ void launch_route_quant(const RouteTopkParams& rp, const QuantGatherParams& qp, 
   int slots = 1;  // per lane: ceil(E / 32) rounded up to a power of two
   while (slots * 32 < rp.experts) slots *= 2;
   const int64_t route_ctas = (int64_t(rp.tokens) + kWarpsPerCta - 1) / kWarpsPerCta;
-  const int64_t quant_ctas = std::min<int64_t>((quant_gather_threads(qp) + kThreads - 1) / kThreads, int64_t(1) << 20);
+  const int64_t quant_threads = (quant_gather_threads(qp) + kQuantPasses - 1) / kQuantPasses;
+  const int64_t quant_ctas = std::min<int64_t>((quant_threads + kThreads - 1) / kThreads, int64_t(1) << 20);
   if (route_ctas + quant_ctas > INT32_MAX) throw Error("route_quant: problem too large");
   if (rp.routing.scoring == Scoring::softmax)
     launch_for_scoring<false>(rp, qp, slots, int(route_ctas), int(quant_ctas), stream, pdl);

@@ -1,8 +1,10 @@
 // Routing and the token-order activation quantisation in one launch. The two stages share no data
 // (quantising in token order does not need the routing), so CTAs [0, route_ctas) route, one warp
-// per token exactly as launch_route_topk, and the remaining CTAs quantise exactly as
-// launch_quant_gather with route_row = nullptr (and clear the fast combine's output). One launch
-// instead of two takes a kernel boundary off the chain before the dispatch.
+// per token, to the same ids and weights as launch_route_topk (by the two-best ranking, which
+// issues fewer instructions), and the remaining CTAs quantise to the same codes and scales as
+// launch_quant_gather with route_row = nullptr (two passes per warp at a time), and clear the fast
+// combine's output. One launch instead of two takes a kernel boundary off the chain before the
+// dispatch.
 #pragma once
 
 #include <cuda_runtime.h>
