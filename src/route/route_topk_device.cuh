@@ -91,6 +91,86 @@ __device__ __forceinline__ uint32_t take_best(uint32_t (&key)[V], const float (&
   return win;
 }
 
+// The warp arg-max rounds for throughput (kTwoBest in route_one_token). Each lane keeps its two
+// best candidates (key, slot, value) from one scan of its V slots, so a round costs one reduction,
+// one ballot and the winner's two shuffles; only a lane that wins a third time rescans (~1 in 20
+// tokens with random logits, more with many ties), where take_best also rescans V slots. Faster
+// where routing is issue-bound (route + quantise alone T=8192 31.6 vs 38.0 us), slower where it is
+// latency-bound (route alone T=128 5.9 vs 5.1 us, e2e T=1 +0.3-0.8 us; docs/perf.md, thirteenth
+// session), so only the large-batch launch uses it.
+// Ties: a lane's scan goes up its slots with a strict comparison (the lower slot, i.e. the lower
+// id, ranks first), and among lanes tied on the best key the lowest lane, whose ids are lower,
+// wins the ballot.
+template <int V>
+struct WarpRanker {
+  static_assert(V <= 16, "slots fit the 16-bit taken mask and a byte each in `slots`");
+  static constexpr uint32_t kRunnerUpKnown = 1u << 16;
+  uint32_t taken = 0;  // this lane's slots already ranked
+  uint32_t key1 = kNotCandidate, key2 = kNotCandidate;
+  // Best slot | runner-up slot << 8 | kRunnerUpKnown while key2 is the lane's true runner-up: a
+  // promotion (slots >> 8) moves the runner-up to best and clears that bit.
+  uint32_t slots = 0;
+  float val1 = 0.0f, val2 = 0.0f;
+  bool stale = true;  // key1 is not this lane's best: scan before the round (every lane at first)
+
+  // One round, as take_best: the winning expert id and its value on every lane (kNoId and NaN
+  // when no candidate is left anywhere, which validated shapes never reach: k <= E, and the kept
+  // groups hold >= k experts).
+  __device__ __forceinline__ uint32_t take(const uint32_t (&key)[V], const float (&val)[V], int lane, float& win_val) {
+    if (stale) {  // the best two of the slots not yet taken
+      key1 = key2 = kNotCandidate;
+      slots = 0;
+#pragma unroll
+      for (int s = 0; s < V; ++s) {
+        const uint32_t k = (taken >> s) & 1u ? kNotCandidate : key[s];
+        if (k > key1) {  // strict: the lower slot keeps a tie
+          key2 = key1, val2 = val1;
+          key1 = k, val1 = val[s];
+          slots = ((slots & 0xffu) << 8) | uint32_t(s);
+        } else if (k > key2) {
+          key2 = k, val2 = val[s];
+          slots = (slots & 0xffu) | (uint32_t(s) << 8);
+        }
+      }
+      slots |= kRunnerUpKnown;
+      stale = false;
+    }
+    const uint32_t top = __reduce_max_sync(kFullMask, key1);
+    const int win_lane = __ffs(__ballot_sync(kFullMask, key1 == top)) - 1;
+    const uint32_t slot1 = slots & 0xffu;
+    const uint32_t my_id = key1 != kNotCandidate ? uint32_t(expert_of<V>(int(slot1), lane)) : kNoId;
+    win_val = __shfl_sync(kFullMask, key1 != kNotCandidate ? val1 : NAN, win_lane);
+    const uint32_t win = __shfl_sync(kFullMask, my_id, win_lane);
+    if (top != kNotCandidate && lane == win_lane) {  // nothing left anywhere: nothing removed
+      stale = !(slots & kRunnerUpKnown);  // its next best is the runner-up only if that was known
+      taken |= 1u << slot1;
+      key1 = key2, val1 = val2, slots >>= 8;
+      key2 = kNotCandidate;
+    }
+    return win;
+  }
+};
+
+// The k ranking rounds: lane r < topk gets rank r's id and value. kTwoBest: WarpRanker, else
+// take_best (a rescan of every slot each round).
+template <int V, bool kTwoBest>
+__device__ __forceinline__ void rank_topk(uint32_t (&key)[V], const float (&val)[V], int topk, int lane,
+                                          int32_t& my_id, float& my_val) {
+  WarpRanker<V> ranker;  // unused without kTwoBest
+  for (int r = 0; r < topk; ++r) {
+    float v;
+    uint32_t id;
+    if constexpr (kTwoBest)
+      id = ranker.take(key, val, lane, v);
+    else
+      id = take_best(key, val, lane, v);
+    if (lane == r) {
+      my_id = int32_t(id);
+      my_val = v;
+    }
+  }
+}
+
 // Group stage of sigmoid routing: clears the keys of experts outside the topk_group best groups.
 // b: biased scores (NaN for a NaN logit or bias) of this lane's slots.
 template <int V, int kWarps>
@@ -194,8 +274,8 @@ __device__ __forceinline__ void prefetch_token_logits(const RouteTopkParams& p, 
 // weights, and also return them in slot_id / slot_weight (lane j: slot j), so a caller needs no
 // read-back of what it stored. Returns whether the token has a NaN logit (the same on every lane).
 // kWarps: warps per CTA of the calling kernel (sigmoid groups keep per-warp scratch in shared
-// memory).
-template <int V, bool kSigmoid, int kWarps>
+// memory). kTwoBest: rank with WarpRanker (fewer instructions; for throughput-bound launches).
+template <int V, bool kSigmoid, int kWarps, bool kTwoBest = false>
 __device__ __forceinline__ bool route_one_token(const RouteTopkParams& p, int64_t token, int lane, int warp,
                                                 int32_t& slot_id, float& slot_weight) {
   const int experts = p.experts, topk = p.topk;
@@ -266,14 +346,7 @@ __device__ __forceinline__ bool route_one_token(const RouteTopkParams& p, int64_
     }
 
     float my_c = 0.0f;  // lane r < k: the (capped) logit of rank r
-    for (int r = 0; r < topk; ++r) {
-      float v;
-      const uint32_t id = take_best(key, c, lane, v);
-      if (lane == r) {
-        my_id = int32_t(id);
-        my_c = v;
-      }
-    }
+    rank_topk<V, kTwoBest>(key, c, topk, lane, my_id, my_c);
     if (token == 0 && lane == 0) LOOM_TRACE(kRankRanked);
     // Once, after the ranking: inside the loop the warp issued the exp of every round.
     const float mine = lane < topk ? mass(my_c) : 0.0f;
@@ -297,15 +370,8 @@ __device__ __forceinline__ bool route_one_token(const RouteTopkParams& p, int64_
     if (p.routing.topk_group < p.routing.n_group)  // else every group survives
       keep_best_groups<V, kWarps>(key, b, lane, warp, experts, p.routing.n_group, p.routing.topk_group);
 
-    float my_logit = 0.0f;
-    for (int r = 0; r < topk; ++r) {
-      float v;
-      const uint32_t id = take_best(key, x, lane, v);
-      if (lane == r) {
-        my_id = int32_t(id);
-        my_logit = v;
-      }
-    }
+    float my_logit = 0.0f;  // lane r < k: the logit of rank r
+    rank_topk<V, kTwoBest>(key, x, topk, lane, my_id, my_logit);
     // Weights are the unbiased sigmoid of the chosen experts, recomputed in double like the
     // reference: k values per token cost nothing, and fp32 would lose them below x = -87.
     const double s = lane < topk && !isnan(my_logit) ? 1.0 / (1.0 + exp(-double(my_logit))) : 0.0;

@@ -67,6 +67,14 @@ TEST(RouteQuantGpu, MatchesRouteThenTokenOrderQuantiseBitForBit) {
     SCOPED_TRACE(testing::Message() << "T=" << T << " E=" << E << " k=" << k << " H=" << H << (sig ? " sigmoid" : " softmax"));
     std::vector<float> logits(size_t(T) * E);
     for (auto& x : logits) x = float(rng.normal());
+    // Every third token draws from {-0, +0, 1, 2}: exact ties (and signed zeros) everywhere, so the
+    // fused launch's ranking (WarpRanker: lanes win repeatedly and rescan) must break them as the
+    // routing kernel's does, by the lower id.
+    for (int t = 0; t < T; t += 3)
+      for (int e = 0; e < E; ++e) {
+        const uint64_t v = rng.below(4);
+        logits[size_t(t) * E + size_t(e)] = v == 0 ? -0.0f : float(v - 1);
+      }
     logits[size_t(T / 2) * E + 3] = NAN;  // one token with a NaN logit: its flag must match too
     std::vector<uint16_t> hidden(size_t(T) * H);
     for (auto& h : hidden) h = uint16_t(0x3c00 + rng.below(0x0800)) ^ uint16_t(rng.below(2) << 15);
