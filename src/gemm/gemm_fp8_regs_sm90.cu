@@ -152,9 +152,11 @@ __device__ __forceinline__ void load_block(RowBlock& rb, const Args& a, int tok_
 }
 
 // Waits for the stage (weight tile and scales), runs the K block's four MMAs with A from rb, waits
-// for them, frees the stage and returns the two rows' activation scales. Then rb may be reloaded.
+// for them, frees the stage and returns the two rows' activation scales. The MMAs read a regrouped
+// copy of rb, so rb is reloaded (reload) as soon as they are issued, not after their wait.
+template <class Reload>
 __device__ __forceinline__ float2 mma_block(Smem& s, float (&acc)[64], const RowBlock& rb, const StageCursor& st,
-                                            int tile_row_a, int tile_row_b) {
+                                            int tile_row_a, int tile_row_b, const Reload& reload) {
   ptx::mbar_wait(&s.full[st.stage], st.phase);
   const float2 scales = make_float2(s.xs[st.stage][tile_row_a], s.xs[st.stage][tile_row_b]);
   const uint64_t desc_b = ptx::smem_desc_k_major_sw128(&s.w[st.stage][0]);
@@ -171,6 +173,7 @@ __device__ __forceinline__ float2 mma_block(Smem& s, float (&acc)[64], const Row
 #pragma unroll
   for (int j = 0; j < kBlockK / 32; ++j) ptx::WgmmaE4M3RegA128::mma(acc, frag[j], desc_b + 2 * j, j > 0 ? 1 : 0);
   ptx::wgmma_commit_group();
+  reload();
   ptx::wgmma_wait_group<0>();
 #pragma unroll
   for (int i = 0; i < 64; ++i) ptx::fence_operand(acc[i]);
@@ -326,13 +329,14 @@ __global__ void __launch_bounds__(kThreads, 1)
         for (int i = 0; i < kRing; ++i) {
           const int kb = kb0 + i;
           const float sw = m.wscale[kb];
-          const float2 xs = mma_block(s, acc, ring[i], st, 64 * consumer + row_a, 64 * consumer + row_b);
+          const float2 xs = mma_block(s, acc, ring[i], st, 64 * consumer + row_a, 64 * consumer + row_b, [&] {
+            if (kb + kRing < a.kblocks)
+              load_block(ring[i], a, tok_a, tok_b, q, kb + kRing);
+            else if (next_has_rows)
+              load_block(ring[i], a, next_tok_a, next_tok_b, q, kb + kRing - a.kblocks);
+          });
           const float scale_a = xs.x * sw, scale_b = xs.y * sw;
           st.advance();
-          if (kb + kRing < a.kblocks)
-            load_block(ring[i], a, tok_a, tok_b, q, kb + kRing);
-          else if (next_has_rows)
-            load_block(ring[i], a, next_tok_a, next_tok_b, q, kb + kRing - a.kblocks);
 #pragma unroll
           for (int j = 0; j < 16; ++j) {
             final_acc[4 * j + 0] += acc[4 * j + 0] * scale_a;
