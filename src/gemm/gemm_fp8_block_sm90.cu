@@ -1055,10 +1055,11 @@ GemmFp8Config choose_gemm_fp8_config(int64_t tokens, int64_t topk, int64_t exper
   // 24.4 vs 24.4-24.6, T=16 35.8-35.9 vs 35.9-36.1, T=32 48.9-49.0 vs 49.1-49.3 us. (In the kernel
   // the sorted rows share, it cost 1.7-3 us at T=16-32: ninth session.)
   c.warm_up = c.x_source == XSource::gather_by_token;
-  // From 128 rows per expert: token rows on M, loaded by token into registers, so no sorted copy
-  // is written (gemm_fp8_regs_sm90.cuh). Measured e2e, this kernel vs sorted rows (same binary, an
-  // environment switch since removed, x2): T=4096 196.7 / 196.9 vs 198.6 / 198.6, T=8192 318.1 / 318.0 vs
-  // 323.0 / 323.3 us; at 64 rows per expert (T=2048) it lost, 143 vs 127.
+  // From 80 rows per expert: token rows on M, loaded by token into registers, so no sorted copy
+  // is written (gemm_fp8_regs_sm90.cuh). Measured e2e, this kernel vs sorted rows (two builds of
+  // the threshold, x2; thirteenth session, with the early reload): T=3072 (96 rows per expert)
+  // 141.7 / 141.6 vs 151.5 / 151.5 us; at 64 rows per expert (T=2048), where most tiles leave a
+  // consumer warpgroup idle, it loses, 129.3 / 128.8 vs 126.1 / 126.2 us.
   if (allow_token_fragments && use_token_fragments(tokens, topk, experts, k)) {
     c = GemmFp8Config{};
     c.x_source = XSource::token_fragments;

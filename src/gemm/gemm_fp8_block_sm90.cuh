@@ -50,7 +50,7 @@ enum class CombineMode { atomic, store };
 enum class XSource { gather_by_token, sorted_rows, token_fragments };
 inline constexpr int kGatherMaxTokens = 32;
 // token_fragments from this many routed rows per expert (uniform routing), where K allows it.
-inline constexpr double kTokenFragmentsMinRowsPerExpert = 128.0;
+inline constexpr double kTokenFragmentsMinRowsPerExpert = 80.0;
 inline constexpr int kRegsRing = 2;        // the kernel's K blocks in registers: K a multiple of 256
 inline constexpr int kRegsMaxK = 64 * 128; // its weight scales per unit in shared memory
 // Whether choose_gemm_fp8_config reads token_fragments for this batch (monotone in tokens).

@@ -7,6 +7,7 @@
 #include <cstring>
 
 #include "bench/device_buffer.hpp"
+#include "gemm/gemm_fp8_block_sm90.cuh"
 #include "gpu_test.hpp"
 #include "loom/loom.hpp"
 #include "pipeline/device_layout.hpp"
@@ -151,15 +152,16 @@ TEST(PipelineGpu, LargeShapesAgainstGpuReference) {
 }
 
 // One plan and workspace for up to 8192 tokens, run at batch sizes whose GEMMs read their rows
-// three ways: gathered by token (16), the expert-sorted copy (2048, 3000), and by token into
-// registers (5000, 8192; from 128 rows per expert). Each batch against the GPU reference on its
-// own tokens, the output poisoned first.
+// three ways: gathered by token (16), the expert-sorted copy (2048, 2400), and by token into
+// registers (5000, 8192; use_token_fragments says which). Each batch against the GPU reference on
+// its own tokens, the output poisoned first.
 TEST(PipelineGpu, OnePlanServesEveryActivationLayout) {
   LOOM_REQUIRE_GPU();
   LOOM_FRESH_SEED();
   Harness hs({8192, 2048, 512, 256, 8, "random", /*from_logits=*/false}, seed);
-  for (const int64_t t : {int64_t(8192), int64_t(2048), int64_t(16), int64_t(5000), int64_t(3000)}) {
+  for (const int64_t t : {int64_t(8192), int64_t(2048), int64_t(16), int64_t(5000), int64_t(2400)}) {
     SCOPED_TRACE(testing::Message() << "batch of " << t << " on a plan for 8192");
+    EXPECT_EQ(use_token_fragments(t, hs.shape.topk, hs.shape.experts, hs.shape.hidden), t >= 5000);
     Inputs in = hs.inputs();
     in.tokens = t;
     LOOM_CUDA_CHECK(cudaMemset(hs.out.get(), 0xff, hs.out.bytes()));
