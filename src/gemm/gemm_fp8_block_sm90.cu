@@ -971,8 +971,11 @@ __global__ void __launch_bounds__(kThreads, 1)
 
 std::string GemmFp8Config::str() const {
   if (x_source == XSource::token_fragments)
-    return "fp8 grouped GEMM: tiles of 128 of an expert's token rows (M) x 128 weight rows (N), the rows loaded "
-           "by token into A-fragment registers, 8 weight TMA stages, persistent grid, epilogue in the consumers";
+    return std::string("fp8 grouped GEMM: tiles of ") +
+           (wide_tiles ? "64 of an expert's token rows (M) x 256 weight rows (N, one 128-row block per consumer)"
+                       : "128 of an expert's token rows (M) x 128 weight rows (N)") +
+           ", the rows loaded by token into A-fragment registers, 8 weight TMA stages, persistent grid, epilogue in "
+           "the consumers";
   return "fp8 grouped GEMM: units of 128 weight rows x all of an expert's rows in {16..128}-wide chunks, " +
          std::to_string(stages) + " TMA stages, persistent grid, " +
          (dense ? std::string("dense unit walk") + (prefetch ? " + L2 prefetch before the PDL wait" : "")
@@ -989,7 +992,8 @@ std::string GemmFp8Config::str() const {
 }
 
 bool use_token_fragments(int64_t tokens, int64_t topk, int64_t experts, int64_t k) {
-  return double(tokens) * double(topk) / double(experts) >= kTokenFragmentsMinRowsPerExpert &&
+  const double rows = double(tokens) * double(topk) / double(experts);
+  return (rows >= kTokenFragmentsMinRowsPerExpert || (rows >= kWideTilesRowsPerExpert[0] && rows < kWideTilesRowsPerExpert[1])) &&
          k % (kRegsRing * kBlockK) == 0 && k <= kRegsMaxK && experts <= kMaxHitExperts &&
          tokens * k < (int64_t(1) << 31);
 }
@@ -1055,8 +1059,8 @@ GemmFp8Config choose_gemm_fp8_config(int64_t tokens, int64_t topk, int64_t exper
   // 24.4 vs 24.4-24.6, T=16 35.8-35.9 vs 35.9-36.1, T=32 48.9-49.0 vs 49.1-49.3 us. (In the kernel
   // the sorted rows share, it cost 1.7-3 us at T=16-32: ninth session.)
   c.warm_up = c.x_source == XSource::gather_by_token;
-  // From 80 rows per expert: token rows on M, loaded by token into registers, so no sorted copy
-  // is written (gemm_fp8_regs_sm90.cuh). Measured e2e, this kernel vs sorted rows (two builds of
+  // From 80 rows per expert (and from 36 to 60, in wide tiles): token rows on M, loaded by token
+  // into registers, so no sorted copy is written (gemm_fp8_regs_sm90.cuh). Measured e2e, this kernel vs sorted rows (two builds of
   // the threshold, x2; thirteenth session, with the early reload): T=3072 (96 rows per expert)
   // 141.7 / 141.6 vs 151.5 / 151.5 us; at 64 rows per expert (T=2048), where most tiles leave a
   // consumer warpgroup idle, it loses, 129.3 / 128.8 vs 126.1 / 126.2 us.
@@ -1064,6 +1068,12 @@ GemmFp8Config choose_gemm_fp8_config(int64_t tokens, int64_t topk, int64_t exper
     c = GemmFp8Config{};
     c.x_source = XSource::token_fragments;
     c.prefetch = false;
+    // 64 x 256 tiles where an expert's rows fit one 64-row tile: measured e2e against sorted rows
+    // (two builds, x2; thirteenth session): 32 / 40 / 48 / 56 / 64 rows per expert (T = 1024 / 1280 /
+    // 1536 / 1792 / 2048) 100.6 / 102.9 / 106.8 / 117.7 / 126.9 vs 99.2 / 110.8 / 120.8 / 119.4 /
+    // 125.3 us (at 64 about half the experts spill into a second, nearly empty tile); 128 x 128
+    // tiles at 40 / 48 rows: 115.4 / 119.0.
+    c.wide_tiles = rows_per_expert < kTokenFragmentsMinRowsPerExpert;
   }
   return c;
 }

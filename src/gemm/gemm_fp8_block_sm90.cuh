@@ -46,14 +46,17 @@ enum class CombineMode { atomic, store };
 //  token_fragments: token-order rows whose codes the quantiser laid out in wgmma A-fragment order
 //                   (fragment_word), loaded by each consumer thread into registers: no sorted copy.
 //                   Its own kernel (gemm_fp8_regs_sm90.cuh), tokens on the MMA's M side, from
-//                   kTokenFragmentsMinRowsPerExpert rows per expert.
+//                   kTokenFragmentsMinRowsPerExpert rows per expert and in kWideTilesRowsPerExpert.
 enum class XSource { gather_by_token, sorted_rows, token_fragments };
 inline constexpr int kGatherMaxTokens = 32;
-// token_fragments from this many routed rows per expert (uniform routing), where K allows it.
+// token_fragments from this many routed rows per expert (uniform routing), where K allows it, and
+// in wide tiles (GemmFp8Config::wide_tiles) for [kWideTilesRowsPerExpert[0], [1]) rows per expert.
 inline constexpr double kTokenFragmentsMinRowsPerExpert = 80.0;
+inline constexpr double kWideTilesRowsPerExpert[2] = {36.0, 60.0};
 inline constexpr int kRegsRing = 2;        // the kernel's K blocks in registers: K a multiple of 256
 inline constexpr int kRegsMaxK = 64 * 128; // its weight scales per unit in shared memory
-// Whether choose_gemm_fp8_config reads token_fragments for this batch (monotone in tokens).
+// Whether choose_gemm_fp8_config reads token_fragments for this batch (not monotone in tokens: the
+// wide-tile range, then sorted rows again, then from kTokenFragmentsMinRowsPerExpert).
 bool use_token_fragments(int64_t tokens, int64_t topk, int64_t experts, int64_t k);
 
 struct GemmFp8Config {
@@ -92,6 +95,9 @@ struct GemmFp8Config {
   // once, dry, so that code is in the instruction caches when the wait ends (instruction fetch
   // was half of the GEMM's stall samples at T=1; docs/perf.md).
   bool warm_up = false;
+  // Token fragments only: tiles of 64 rows x 256 weight rows (both consumer warpgroups on the same
+  // rows) instead of 128 x 128, for experts of about 64 rows (gemm_fp8_regs_sm90.cu).
+  bool wide_tiles = false;
   std::string str() const;
 };
 

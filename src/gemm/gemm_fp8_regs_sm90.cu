@@ -50,7 +50,20 @@ struct UnitMeta {
   int32_t token[kTileRows];   // 0 past the tile's rows (any valid token: those results are dropped)
   float weight[kTileRows];
   float wscale[kMaxK / kBlockK];
+  float wscale2[kMaxK / kBlockK];  // wide tiles: the second weight block's
   int32_t row0, rows, nb;  // first sorted row, rows in the tile (0..128), weight block; rows < 0: the end
+};
+
+// Tile shapes (the kernel's template argument):
+//   tall (kWide = false): 128 rows x 128 weight rows; consumer warpgroup c takes rows 64c..64c+63.
+//   wide (kWide = true):  64 rows x 256 weight rows (two weight blocks nb, nb + 1); both consumer
+//     warpgroups take the same 64 rows, warpgroup c weight block nb + c. Each K block then fills
+//     two ring stages (nb's tile, then nb + 1's); a warpgroup passes over the other's stage. For
+//     experts of about 64 rows, where a tall tile leaves its second warpgroup idle.
+template <bool kWide>
+struct Shape {
+  static constexpr int kRows = kWide ? 64 : kTileRows;    // an expert's rows per tile
+  static constexpr int kBlocks = kWide ? 2 : 1;            // weight blocks (ring stages) per K block
 };
 
 struct alignas(1024) Smem {
@@ -82,13 +95,19 @@ struct Args {
 using StageCursor = PipelineState<kStages>;
 using MetaCursor = PipelineState<kMetaSlots>;
 
-// Unit u = (row tile, 128 weight rows): consecutive units share a row tile (its activation rows),
+// Unit u = (row tile, weight blocks): consecutive units share a row tile (its activation rows),
 // then an expert (its weights), so CTAs running together read the same lines.
 struct Unit {
-  int expert, tile, nb;
+  int expert, tile, nb;  // nb: the unit's first weight block
 };
+template <bool kWide>
+__device__ __forceinline__ int unit_columns(const Args& a) {  // units per row tile
+  return (a.nblocks + Shape<kWide>::kBlocks - 1) / Shape<kWide>::kBlocks;
+}
+template <bool kWide>
 __device__ __forceinline__ Unit decode(const Smem& s, const Args& a, int u) {
-  const int tile = u / a.nblocks;
+  const int cols = unit_columns<kWide>(a);
+  const int tile = u / cols;
   // The last expert whose first tile is at or before `tile` (experts without rows share their
   // start with the next one, so the last of them is the one with rows).
   int lo = 0, hi = a.experts - 1;
@@ -96,14 +115,16 @@ __device__ __forceinline__ Unit decode(const Smem& s, const Args& a, int u) {
     const int mid = (lo + hi + 1) / 2;
     if (s.tile_start[mid] <= tile) lo = mid; else hi = mid - 1;
   }
-  return Unit{lo, tile - s.tile_start[lo], u - tile * a.nblocks};
+  return Unit{lo, tile - s.tile_start[lo], (u - tile * cols) * Shape<kWide>::kBlocks};
 }
 
-// tile_start from the offsets: ceil(rows / 128) tiles per expert, an exclusive scan by warp 0.
+// tile_start from the offsets: ceil(rows / tile rows) tiles per expert, an exclusive scan by warp 0.
+template <bool kWide>
 __device__ __forceinline__ void build_tile_starts(Smem& s, const Args& a) {
+  constexpr int kRows = Shape<kWide>::kRows;
   for (int e = threadIdx.x; e < a.experts; e += blockDim.x) {
     const int begin = __ldg(a.offsets + e), rows = __ldg(a.offsets + e + 1) - begin;
-    s.tile_start[e + 1] = (rows + kTileRows - 1) / kTileRows;
+    s.tile_start[e + 1] = (rows + kRows - 1) / kRows;
     s.expert_row[e] = begin;
     if (e == a.experts - 1) s.expert_row[e + 1] = begin + rows;
   }
@@ -183,8 +204,18 @@ __device__ __forceinline__ float2 mma_block(Smem& s, float (&acc)[64], const Row
   return scales;
 }
 
+// Passes over a ring stage another warpgroup computes on: waits for it to fill (so this arrival
+// counts in the phase it belongs to) and frees this warp's share.
+__device__ __forceinline__ void pass_stage(Smem& s, const StageCursor& st) {
+  ptx::mbar_wait(&s.full[st.stage], st.phase);
+  __syncwarp();
+  if (threadIdx.x % 32 == 0) ptx::mbar_arrive(&s.empty[st.stage]);
+}
+
+template <bool kWide>
 __global__ void __launch_bounds__(kThreads, 1)
     gemm_fp8_regs_kernel(const __grid_constant__ CUtensorMap weights_map, const Args a) {
+  using Sh = Shape<kWide>;
   extern __shared__ uint8_t smem_raw[];
   const uint32_t align_pad = (1024u - uint32_t(reinterpret_cast<uintptr_t>(smem_raw) % 1024u)) % 1024u;
   Smem& s = *reinterpret_cast<Smem*>(smem_raw + align_pad);
@@ -203,8 +234,8 @@ __global__ void __launch_bounds__(kThreads, 1)
   }
   // Everything below reads what the dispatch and quantisation kernels wrote.
   ptx::pdl_wait();
-  build_tile_starts(s, a);  // its barriers also publish the mbarrier initialisation
-  const int units = s.tile_start[a.experts] * a.nblocks;
+  build_tile_starts<kWide>(s, a);  // its barriers also publish the mbarrier initialisation
+  const int units = s.tile_start[a.experts] * unit_columns<kWide>(a);
 
   const int warpgroup = threadIdx.x / 128;
   if (warpgroup == 0) {
@@ -212,14 +243,18 @@ __global__ void __launch_bounds__(kThreads, 1)
     if (threadIdx.x == 0) {
       StageCursor st;
       for (int u = blockIdx.x; u < units; u += gridDim.x) {
-        const Unit unit = decode(s, a, u);
-        const int w_row = unit.expert * a.n + unit.nb * kTileCols;
-        for (int kb = 0; kb < a.kblocks; ++kb) {
-          ptx::mbar_wait(&s.empty[st.stage], st.phase ^ 1);
-          ptx::mbar_arrive_expect_tx(&s.full[st.stage], kWTileBytes);
-          ptx::tma_load_2d(s.w[st.stage], &weights_map, kb * kBlockK, w_row, &s.full[st.stage]);
-          st.advance();
-        }
+        const Unit unit = decode<kWide>(s, a, u);
+        for (int kb = 0; kb < a.kblocks; ++kb)
+#pragma unroll
+          for (int j = 0; j < Sh::kBlocks; ++j) {
+            // A wide unit past the last block (odd block count) loads the last one again: the
+            // warpgroup that takes it drops every output (columns >= N).
+            const int w_row = unit.expert * a.n + min(unit.nb + j, a.nblocks - 1) * kTileCols;
+            ptx::mbar_wait(&s.empty[st.stage], st.phase ^ 1);
+            ptx::mbar_arrive_expect_tx(&s.full[st.stage], kWTileBytes);
+            ptx::tma_load_2d(s.w[st.stage], &weights_map, kb * kBlockK, w_row, &s.full[st.stage]);
+            st.advance();
+          }
       }
     } else if (threadIdx.x / 32 == 1) {
       // Warp 1: each unit's rows (tokens, top-k weights) and weight scales into the meta ring.
@@ -231,15 +266,19 @@ __global__ void __launch_bounds__(kThreads, 1)
         if (u >= units) {
           if (lane == 0) m.rows = -1;
         } else {
-          const Unit unit = decode(s, a, u);
-          const int begin = s.expert_row[unit.expert] + unit.tile * kTileRows;
-          const int rows = min(kTileRows, s.expert_row[unit.expert + 1] - begin);
+          const Unit unit = decode<kWide>(s, a, u);
+          const int begin = s.expert_row[unit.expert] + unit.tile * Sh::kRows;
+          const int rows = min(Sh::kRows, s.expert_row[unit.expert + 1] - begin);
           for (int i = lane; i < kTileRows; i += 32) {
             m.token[i] = i < rows ? __ldg(a.row_token + begin + i) : 0;
             m.weight[i] = i < rows ? __ldg(a.row_weight + begin + i) : 0.0f;
           }
           const float* wscale = a.weight_scales + (int64_t(unit.expert) * a.nblocks + unit.nb) * a.kblocks;
           for (int i = lane; i < a.kblocks; i += 32) m.wscale[i] = __ldg(wscale + i);
+          if constexpr (kWide) {
+            const float* wscale2 = wscale + (unit.nb + 1 < a.nblocks ? a.kblocks : 0);
+            for (int i = lane; i < a.kblocks; i += 32) m.wscale2[i] = __ldg(wscale2 + i);
+          }
           if (lane == 0) {
             m.row0 = begin;
             m.rows = rows;
@@ -260,18 +299,21 @@ __global__ void __launch_bounds__(kThreads, 1)
         ptx::mbar_wait(&s.meta_full[mc.stage], mc.phase);
         const UnitMeta& m = s.meta[mc.stage];
         if (m.rows < 0) break;
-        int tok[kTileRows / 32];
+        int tok[Sh::kRows / 32];
 #pragma unroll
-        for (int i = 0; i < kTileRows / 32; ++i) tok[i] = m.token[lane + 32 * i];
+        for (int i = 0; i < Sh::kRows / 32; ++i) tok[i] = m.token[lane + 32 * i];
         ptx::mbar_arrive(&s.meta_empty[mc.stage]);
         for (int kb = 0; kb < a.kblocks; ++kb) {
-          ptx::mbar_wait(&s.empty[st.stage], st.phase ^ 1);
           const float* src = a.x_scales + int64_t(kb) * a.x_rows;
 #pragma unroll
-          for (int i = 0; i < kTileRows / 32; ++i)
-            ptx::cp_async_4_zfill(ptx::smem_u32(&s.xs[st.stage][lane + 32 * i]), src + tok[i], 4u);
-          ptx::cp_async_mbar_arrive_noinc(&s.full[st.stage]);
-          st.advance();
+          for (int j = 0; j < Sh::kBlocks; ++j) {  // a wide unit's two stages of a K block: the same scales
+            ptx::mbar_wait(&s.empty[st.stage], st.phase ^ 1);
+#pragma unroll
+            for (int i = 0; i < Sh::kRows / 32; ++i)
+              ptx::cp_async_4_zfill(ptx::smem_u32(&s.xs[st.stage][lane + 32 * i]), src + tok[i], 4u);
+            ptx::cp_async_mbar_arrive_noinc(&s.full[st.stage]);
+            st.advance();
+          }
         }
         mc.advance();
       }
@@ -282,8 +324,9 @@ __global__ void __launch_bounds__(kThreads, 1)
     const int row_a = 16 * (threadIdx.x / 32 % 4) + lane / 4, row_b = row_a + 8;  // in the warpgroup's 64
     StageCursor st;
     MetaCursor mc;
-    // This warpgroup's rows of a unit (<= 0: none).
-    auto wg_rows_of = [&](const UnitMeta& m) { return min(64, m.rows - 64 * consumer); };
+    // This warpgroup's first row in a tile, and its rows of a unit (<= 0: none).
+    const int row_base = kWide ? 0 : 64 * consumer;
+    auto wg_rows_of = [&](const UnitMeta& m) { return min(64, m.rows - row_base); };
     ptx::mbar_wait(&s.meta_full[mc.stage], mc.phase);
     RowBlock ring[kRing];
     {
@@ -291,7 +334,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       if (wg_rows_of(m) > 0)
 #pragma unroll
         for (int i = 0; i < kRing; ++i)
-          load_block(ring[i], a, m.token[64 * consumer + row_a], m.token[64 * consumer + row_b], q, i);
+          load_block(ring[i], a, m.token[row_base + row_a], m.token[row_base + row_b], q, i);
     }
     while (s.meta[mc.stage].rows >= 0) {
       const UnitMeta& m = s.meta[mc.stage];
@@ -302,14 +345,12 @@ __global__ void __launch_bounds__(kThreads, 1)
       ptx::mbar_wait(&s.meta_full[mc.stage], mc.phase);
       const UnitMeta& next = s.meta[mc.stage];
       const bool next_has_rows = next.rows >= 0 && wg_rows_of(next) > 0;
-      const int next_tok_a = next.token[64 * consumer + row_a], next_tok_b = next.token[64 * consumer + row_b];
+      const int next_tok_a = next.token[row_base + row_a], next_tok_b = next.token[row_base + row_b];
       const int wg_rows = wg_rows_of(m);
       if (wg_rows <= 0) {
         // No rows here (the expert's last tile is at most half full): keep the stage ring in step.
-        for (int kb = 0; kb < a.kblocks; ++kb) {
-          ptx::mbar_wait(&s.full[st.stage], st.phase);
-          __syncwarp();
-          if (lane == 0) ptx::mbar_arrive(&s.empty[st.stage]);
+        for (int kb = 0; kb < a.kblocks * Sh::kBlocks; ++kb) {
+          pass_stage(s, st);
           st.advance();
         }
         if (next_has_rows)
@@ -318,7 +359,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         ptx::mbar_arrive(&s.meta_empty[cur_slot]);
         continue;
       }
-      const int tok_a = m.token[64 * consumer + row_a], tok_b = m.token[64 * consumer + row_b];
+      const int tok_a = m.token[row_base + row_a], tok_b = m.token[row_base + row_b];
       float final_acc[64], acc[64];
 #pragma unroll
       for (int i = 0; i < 64; ++i) final_acc[i] = 0.0f;
@@ -328,8 +369,13 @@ __global__ void __launch_bounds__(kThreads, 1)
 #pragma unroll
         for (int i = 0; i < kRing; ++i) {
           const int kb = kb0 + i;
-          const float sw = m.wscale[kb];
-          const float2 xs = mma_block(s, acc, ring[i], st, 64 * consumer + row_a, 64 * consumer + row_b, [&] {
+          const float sw = kWide && consumer == 1 ? m.wscale2[kb] : m.wscale[kb];
+          // A wide unit's K block: warpgroup 0 computes on the first stage, 1 on the second.
+          if (kWide && consumer == 1) {
+            pass_stage(s, st);
+            st.advance();
+          }
+          const float2 xs = mma_block(s, acc, ring[i], st, row_base + row_a, row_base + row_b, [&] {
             if (kb + kRing < a.kblocks)
               load_block(ring[i], a, tok_a, tok_b, q, kb + kRing);
             else if (next_has_rows)
@@ -337,6 +383,10 @@ __global__ void __launch_bounds__(kThreads, 1)
           });
           const float scale_a = xs.x * sw, scale_b = xs.y * sw;
           st.advance();
+          if (kWide && consumer == 0) {
+            pass_stage(s, st);
+            st.advance();
+          }
 #pragma unroll
           for (int j = 0; j < 16; ++j) {
             final_acc[4 * j + 0] += acc[4 * j + 0] * scale_a;
@@ -350,11 +400,11 @@ __global__ void __launch_bounds__(kThreads, 1)
       // Epilogue: lanes q and q ^ 1 swap halves so that each holds four consecutive outputs of one
       // row (even q: row r, odd q: row r + 8), one 16-byte reduction or store each.
       const bool even = q % 2 == 0;
-      const int my_row = 64 * consumer + (even ? row_a : row_b);  // in the tile
-      const bool ok = my_row - 64 * consumer < wg_rows;
+      const int my_row = row_base + (even ? row_a : row_b);  // in the tile
+      const bool ok = my_row - row_base < wg_rows;
       const float wt = m.weight[my_row];
       float* dst = a.out + int64_t(a.atomic ? m.token[my_row] : m.row0 + my_row) * a.n;
-      const int nb = m.nb;
+      const int nb = m.nb + (kWide ? consumer : 0);
       ptx::mbar_arrive(&s.meta_empty[cur_slot]);  // every read of the unit's meta is done
 #pragma unroll
       for (int j = 0; j < 16; ++j) {
@@ -410,11 +460,17 @@ void launch_gemm_fp8_regs(const GemmFp8Params& p, const GemmFp8Config& cfg, cons
   const size_t smem = sizeof(Smem) + 1024;  // + alignment slack for the 1024-byte base
   static bool configured = false;
   if (!configured) {
-    LOOM_CUDA_CHECK(cudaFuncSetAttribute(gemm_fp8_regs_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
+    LOOM_CUDA_CHECK(
+        cudaFuncSetAttribute(gemm_fp8_regs_kernel<false>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
+    LOOM_CUDA_CHECK(
+        cudaFuncSetAttribute(gemm_fp8_regs_kernel<true>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
     configured = true;
   }
   // Persistent: one CTA per SM; the row tiles are known only on the device.
-  launch_kernel(gemm_fp8_regs_kernel, dim3(device.sm_count), dim3(kThreads), smem, stream, pdl, map, a);
+  if (cfg.wide_tiles)
+    launch_kernel(gemm_fp8_regs_kernel<true>, dim3(device.sm_count), dim3(kThreads), smem, stream, pdl, map, a);
+  else
+    launch_kernel(gemm_fp8_regs_kernel<false>, dim3(device.sm_count), dim3(kThreads), smem, stream, pdl, map, a);
 }
 
 }  // namespace loom

@@ -4,6 +4,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <cmath>
 #include <sstream>
 
 #include "common/cuda_check.hpp"
@@ -42,21 +43,21 @@ GemmFp8Config gemm_config_for(const Shape& s, const Options& o, int64_t tokens, 
   return gc;
 }
 
-// The largest batch of at most `tokens` whose GEMM reads the expert-sorted copy (0: none). Batches
-// above kGatherMaxTokens read it until use_token_fragments, monotone in the batch, takes over.
+// The largest batch of at most `tokens` whose GEMM reads the expert-sorted copy (0: none): batches
+// above kGatherMaxTokens that use_token_fragments leaves to it. That choice is not monotone in the
+// batch (sorted rows, wide register tiles, sorted rows, register tiles), so a downward scan; above
+// kTokenFragmentsMinRowsPerExpert rows per expert every batch takes fragments if the largest does.
 int64_t largest_sorted_batch(const Shape& s, const Options& o, int64_t tokens) {
   auto fragments = [&](int64_t t) {
     return token_fragments_allowed(o) && use_token_fragments(t, s.topk, s.experts, s.hidden);
   };
   if (tokens <= kGatherMaxTokens) return 0;
   if (!fragments(tokens)) return tokens;
-  int64_t lo = kGatherMaxTokens, hi = tokens;  // fragments(hi); lo: none past the gathered batches yet
-  if (fragments(lo + 1)) return 0;
-  while (hi - lo > 1) {
-    const int64_t mid = lo + (hi - lo) / 2;
-    (fragments(mid) ? hi : lo) = mid;
-  }
-  return lo;
+  const int64_t all_fragments_from =
+      int64_t(std::ceil(kTokenFragmentsMinRowsPerExpert * double(s.experts) / double(s.topk)));
+  for (int64_t t = std::min(tokens, all_fragments_from); t > kGatherMaxTokens; --t)
+    if (!fragments(t)) return t;
+  return 0;
 }
 
 // Buffers start on 1 KiB boundaries (TMA needs 16 B; 1 KiB keeps every carve-up simple).
@@ -101,7 +102,7 @@ Plan plan(const Shape& s, const Routing& r, const Options& o) {
 
   const int64_t T = s.tokens, Tp = padded_rows(T), K = s.hidden, N = s.inter;
   // Activation rows: one per token, or one per route for the largest batch of the plan that takes
-  // the sorted copy (batches above kGatherMaxTokens until use_token_fragments takes over).
+  // the sorted copy (batches above kGatherMaxTokens that use_token_fragments leaves to it).
   const int64_t sorted_tokens = largest_sorted_batch(s, o, T);
   const int64_t R = s.routes();
   const int64_t x_rows = std::max(Tp, sorted_tokens > 0 ? padded_rows(sorted_tokens * s.topk) : int64_t(0));
@@ -139,7 +140,8 @@ std::string describe(const Plan& p) {
     << " routes; for softmax up to " << kSmallBatchMaxTokens
     << " tokens routing, dispatch and quantise are one launch, routed by a cluster of 4 CTAs above 8 tokens) -> GEMM\n"
     << "kernels (GEMM loading rows by token into registers, from " << kTokenFragmentsMinRowsPerExpert
-    << " routed rows per expert): route + quantise (token order, codes in wgmma A-fragment order) in one launch -> "
+    << " routed rows per expert, and in 64 x 256 tiles from " << kWideTilesRowsPerExpert[0] << " to "
+    << kWideTilesRowsPerExpert[1] << "): route + quantise (token order, codes in wgmma A-fragment order) in one launch -> "
        "dispatch (a per-slice count kernel, then the dispatch) -> GEMM\n"
     << "kernels (GEMM on sorted rows): route -> dispatch + quantise+gather into expert order in one launch (every "
        "CTA builds the layout from token masks; up to E * ceil(T/32) mask words in shared memory, else dispatch "

@@ -183,20 +183,21 @@ void run_case(const GemmCase& c, CombineMode mode, uint64_t seed) {
     EXPECT_LE(e.worst_row, 1e-2) << "worst " << (mode == CombineMode::atomic ? "token" : "sorted") << " row "
                                  << e.worst_row_index;
   }
-  // Token rows on M, loaded into A-fragment registers (its own kernel, no options), with and
-  // without PDL.
-  if (frag_ok) {
-    GemmFp8Config cfg;
-    cfg.x_source = XSource::token_fragments;
-    SCOPED_TRACE(cfg.str());
+  // Token rows on M, loaded into A-fragment registers (its own kernel, no options), both tile
+  // shapes, with and without PDL.
+  if (frag_ok)
+    for (const bool wide : {false, true})
     for (const bool pdl : {false, true}) {
+      GemmFp8Config cfg;
+      cfg.x_source = XSource::token_fragments;
+      cfg.wide_tiles = wide;
+      SCOPED_TRACE(cfg.str());
       got = launch(cfg, pdl);
       const ErrorStats e = relative_error(got.data(), ref.data(), out_rows, N);
       EXPECT_LE(e.overall, 2e-3);
       EXPECT_LE(e.worst_row, 1e-2) << "worst " << (mode == CombineMode::atomic ? "token" : "sorted") << " row "
                                    << e.worst_row_index;
     }
-  }
   // Every unit walk (dense / compact, round robin / balanced shares / dynamic queue) and split-K
   // setting computes the same product.
   if (mode == CombineMode::atomic) {
@@ -256,8 +257,11 @@ TEST(GemmFp8Gpu, RowTilesOfManyRowsPerExpert) {
   LOOM_REQUIRE_GPU();
   LOOM_FRESH_SEED();
   // Experts with ~64 and ~256 rows (the tiles of the register-loaded kernel: 128 rows, a last one
-  // with one or both warpgroups partly or wholly empty), skew, N ending in a partial 128-block.
+  // with one or both warpgroups partly or wholly empty; or 64 rows x two weight blocks), skew, N
+  // ending in a partial 128-block, an odd number of weight blocks (a wide tile's second block past N).
   run_case({2048, 2048, 512, 256, 8, "random"}, CombineMode::atomic, seed);
+  run_case({1000, 1024, 336, 16, 4, "random"}, CombineMode::atomic, seed);
+  run_case({1000, 1024, 336, 16, 4, "zipf:1.2"}, CombineMode::store, seed);
   run_case({1000, 2048, 512, 32, 8, "random"}, CombineMode::store, seed);
   run_case({1000, 1024, 208, 16, 4, "zipf:1.2"}, CombineMode::atomic, seed);
   run_case({600, 7168, 256, 8, 2, "concentrated"}, CombineMode::atomic, seed);
