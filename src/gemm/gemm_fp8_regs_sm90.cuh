@@ -1,14 +1,17 @@
-// Grouped FP8 GEMM for batches where experts have a hundred rows or more (XSource::
+// Grouped FP8 GEMM for batches where experts have tens of rows or more (XSource::
 // token_fragments): token rows on the MMA's M side, weight rows on its N side, and no
 // expert-sorted copy of the activations to write first.
 //
-// Tile: 128 of an expert's rows (two consumer warpgroups of 64) x 128 weight rows, over all of K.
+// Tile: 128 of an expert's rows (two consumer warpgroups of 64) x 128 weight rows, over all of K;
+// or, wide (GemmFp8Config::wide_tiles), 64 rows x 256 weight rows, each consumer warpgroup one
+// 128-row weight block of the same 64 rows (a K block then fills two ring stages).
 // Producer warpgroup: warp 0 streams the weight tiles by TMA into an 8-stage ring; warp 1 loads
 // each unit's row tokens, top-k weights and weight scales into a ring of unit records two units
 // ahead; warp 2 copies each stage's activation scales of the tile's rows by cp.async. Each
 // consumer thread loads its two rows' bytes for a K block straight from the token-order codes
 // into wgmma A-fragment registers (the quantiser lays them out for it: fragment_word,
-// device_layout.hpp), two K blocks ahead, the next unit's first blocks during this unit's last.
+// device_layout.hpp), two K blocks ahead (a slot is reloaded as soon as its block's MMAs are
+// issued: they read a regrouped copy), the next unit's first blocks during this unit's last.
 //
 // Per 128-wide K block: four wgmma m64n128k32 (A from registers) into a block accumulator, then
 // final += block * weight_scale * activation_scale(row) once the block's MMAs complete; the other
