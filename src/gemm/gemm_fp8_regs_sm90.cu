@@ -24,7 +24,9 @@ namespace {
 constexpr int kBlockK = 128;     // K per stage: one scale block
 constexpr int kTileRows = 128;   // an expert's token rows per tile: two consumer warpgroups of 64
 constexpr int kTileCols = 128;   // weight rows per tile: the MMA's N, one weight-scale block
-constexpr int kStages = 8;       // weight tiles in flight per SM (16 KiB each)
+// Weight tiles in flight per SM (16 KiB each): 4, 6 and 8 measured equal, 12 far slower (T=8192
+// GEMM alone 309-311 vs 247-249 us; docs/perf.md, thirteenth session).
+constexpr int kStages = 8;
 // K blocks of activations in flight in each consumer thread's registers (the ring); 4 spilled, and
 // a ring of 4 in shared memory by cp.async measured slower (docs/perf.md, twelfth session).
 constexpr int kRing = kRegsRing;
@@ -174,7 +176,8 @@ __device__ __forceinline__ void load_block(RowBlock& rb, const Args& a, int tok_
 
 // Waits for the stage (weight tile and scales), runs the K block's four MMAs with A from rb, waits
 // for them, frees the stage and returns the two rows' activation scales. The MMAs read a regrouped
-// copy of rb, so rb is reloaded (reload) as soon as they are issued, not after their wait.
+// copy of rb, so rb is reloaded (reload) as soon as they are issued, not after their wait (T=8192
+// GEMM alone 250 vs 267 us). Not before them: the wgmma fence then waits for the new loads (262).
 template <class Reload>
 __device__ __forceinline__ float2 mma_block(Smem& s, float (&acc)[64], const RowBlock& rb, const StageCursor& st,
                                             int tile_row_a, int tile_row_b, const Reload& reload) {
