@@ -53,7 +53,7 @@ inline constexpr int kGatherMaxTokens = 32;
 // in wide tiles (GemmFp8Config::wide_tiles) for [kWideTilesRowsPerExpert[0], [1]) rows per expert.
 inline constexpr double kTokenFragmentsMinRowsPerExpert = 80.0;
 inline constexpr double kWideTilesRowsPerExpert[2] = {36.0, 60.0};
-inline constexpr int kRegsRing = 2;        // the kernel's K blocks in registers: K a multiple of 256
+inline constexpr int kRegsRing = 3;        // the kernel's K blocks in registers: K >= 128 kRegsRing
 inline constexpr int kRegsMaxK = 64 * 128; // its weight scales per unit in shared memory
 // Whether choose_gemm_fp8_config reads token_fragments for this batch (not monotone in tokens: the
 // wide-tile range, then sorted rows again, then from kTokenFragmentsMinRowsPerExpert).

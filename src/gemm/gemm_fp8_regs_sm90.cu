@@ -3,6 +3,7 @@
 #include <cuda.h>
 
 #include <algorithm>
+#include <type_traits>
 
 #include "common/cuda_check.hpp"
 #include "common/launch.hpp"
@@ -27,8 +28,11 @@ constexpr int kTileCols = 128;   // weight rows per tile: the MMA's N, one weigh
 // Weight tiles in flight per SM (16 KiB each): 4, 6 and 8 measured equal, 12 far slower (T=8192
 // GEMM alone 309-311 vs 247-249 us; docs/perf.md, thirteenth session).
 constexpr int kStages = 8;
-// K blocks of activations in flight in each consumer thread's registers (the ring); 4 spilled, and
-// a ring of 4 in shared memory by cp.async measured slower (docs/perf.md, twelfth session).
+// K blocks of activations in flight in each consumer thread's registers (the ring; tall tiles,
+// the wide ones keep 2). 3 against 2: T=2560 / 4096 / 8192 e2e 131.2 / 172.4 / 278.5 vs 136.4 /
+// 180.3 / 289.5 us (docs/perf.md, thirteenth session); 4 spilled, and a ring of 4 in shared memory
+// by cp.async measured slower (twelfth session). K need not be a multiple of it: the slot of a
+// unit's first block rotates (rot in the consumer loop).
 constexpr int kRing = kRegsRing;
 constexpr int kThreads = 384;    // warpgroup 0: producer warps (TMA, unit records, scales); 1, 2: consumers
 constexpr int kConsumerWarps = 8;
@@ -323,6 +327,9 @@ __global__ void __launch_bounds__(kThreads, 1)
     }
   } else {
     ptx::setmaxnreg_inc<kConsumerRegs>();
+    // The wide kernel keeps a ring of 2: with 3 its registers spilled (6 bytes stored, 52 loaded)
+    // and T=1536 ran 0.7 us slower than with the ring of 2 (docs/perf.md, thirteenth session).
+    constexpr int kRingT = kWide ? 2 : kRing;
     const int consumer = warpgroup - 1, lane = threadIdx.x % 32, q = lane % 4;
     const int row_a = 16 * (threadIdx.x / 32 % 4) + lane / 4, row_b = row_a + 8;  // in the warpgroup's 64
     StageCursor st;
@@ -331,12 +338,15 @@ __global__ void __launch_bounds__(kThreads, 1)
     const int row_base = kWide ? 0 : 64 * consumer;
     auto wg_rows_of = [&](const UnitMeta& m) { return min(64, m.rows - row_base); };
     ptx::mbar_wait(&s.meta_full[mc.stage], mc.phase);
-    RowBlock ring[kRing];
+    RowBlock ring[kRingT];
+    // The ring slot of the unit's K block 0: block kb sits in slot (kb + rot) % kRingT, so a unit's
+    // last blocks can load the next unit's first ones into the slots they free whatever K is.
+    int rot = 0;
     {
       const UnitMeta& m = s.meta[mc.stage];
       if (wg_rows_of(m) > 0)
 #pragma unroll
-        for (int i = 0; i < kRing; ++i)
+        for (int i = 0; i < kRingT; ++i)
           load_block(ring[i], a, m.token[row_base + row_a], m.token[row_base + row_b], q, i);
     }
     while (s.meta[mc.stage].rows >= 0) {
@@ -358,7 +368,8 @@ __global__ void __launch_bounds__(kThreads, 1)
         }
         if (next_has_rows)
 #pragma unroll
-          for (int i = 0; i < kRing; ++i) load_block(ring[i], a, next_tok_a, next_tok_b, q, i);
+          for (int i = 0; i < kRingT; ++i) load_block(ring[i], a, next_tok_a, next_tok_b, q, i);
+        rot = 0;
         ptx::mbar_arrive(&s.meta_empty[cur_slot]);
         continue;
       }
@@ -366,39 +377,52 @@ __global__ void __launch_bounds__(kThreads, 1)
       float final_acc[64], acc[64];
 #pragma unroll
       for (int i = 0; i < 64; ++i) final_acc[i] = 0.0f;
-      // K blocks in steps of kRing (kblocks is a multiple of it) so each ring slot is a
-      // compile-time register choice, and the next unit's block j lands in slot j.
-      for (int kb0 = 0; kb0 < a.kblocks; kb0 += kRing) {
+      // K blocks in steps of kRingT, the loop instantiated once per rotation so that every ring slot
+      // is a compile-time register choice.
+      auto k_loop = [&](auto rotation) {
+        constexpr int kRot = decltype(rotation)::value;
+        for (int kb0 = 0; kb0 < a.kblocks; kb0 += kRingT) {
 #pragma unroll
-        for (int i = 0; i < kRing; ++i) {
-          const int kb = kb0 + i;
-          const float sw = kWide && consumer == 1 ? m.wscale2[kb] : m.wscale[kb];
-          // A wide unit's K block: warpgroup 0 computes on the first stage, 1 on the second.
-          if (kWide && consumer == 1) {
-            pass_stage(s, st);
+          for (int i = 0; i < kRingT; ++i) {
+            const int kb = kb0 + i;
+            if (kb >= a.kblocks) break;
+            RowBlock& slot = ring[(i + kRot) % kRingT];
+            const float sw = kWide && consumer == 1 ? m.wscale2[kb] : m.wscale[kb];
+            // A wide unit's K block: warpgroup 0 computes on the first stage, 1 on the second.
+            if (kWide && consumer == 1) {
+              pass_stage(s, st);
+              st.advance();
+            }
+            const float2 xs = mma_block(s, acc, slot, st, row_base + row_a, row_base + row_b, [&] {
+              if (kb + kRingT < a.kblocks)
+                load_block(slot, a, tok_a, tok_b, q, kb + kRingT);
+              else if (next_has_rows)
+                load_block(slot, a, next_tok_a, next_tok_b, q, kb + kRingT - a.kblocks);
+            });
+            const float scale_a = xs.x * sw, scale_b = xs.y * sw;
             st.advance();
-          }
-          const float2 xs = mma_block(s, acc, ring[i], st, row_base + row_a, row_base + row_b, [&] {
-            if (kb + kRing < a.kblocks)
-              load_block(ring[i], a, tok_a, tok_b, q, kb + kRing);
-            else if (next_has_rows)
-              load_block(ring[i], a, next_tok_a, next_tok_b, q, kb + kRing - a.kblocks);
-          });
-          const float scale_a = xs.x * sw, scale_b = xs.y * sw;
-          st.advance();
-          if (kWide && consumer == 0) {
-            pass_stage(s, st);
-            st.advance();
-          }
+            if (kWide && consumer == 0) {
+              pass_stage(s, st);
+              st.advance();
+            }
 #pragma unroll
-          for (int j = 0; j < 16; ++j) {
-            final_acc[4 * j + 0] += acc[4 * j + 0] * scale_a;
-            final_acc[4 * j + 1] += acc[4 * j + 1] * scale_a;
-            final_acc[4 * j + 2] += acc[4 * j + 2] * scale_b;
-            final_acc[4 * j + 3] += acc[4 * j + 3] * scale_b;
+            for (int j = 0; j < 16; ++j) {
+              final_acc[4 * j + 0] += acc[4 * j + 0] * scale_a;
+              final_acc[4 * j + 1] += acc[4 * j + 1] * scale_a;
+              final_acc[4 * j + 2] += acc[4 * j + 2] * scale_b;
+              final_acc[4 * j + 3] += acc[4 * j + 3] * scale_b;
+            }
           }
         }
-      }
+      };
+      static_assert(kRingT >= 2 && kRingT <= 3, "one k_loop instantiation per rotation below");
+      if (rot == 0)
+        k_loop(std::integral_constant<int, 0>{});
+      else if (kRingT == 2 || rot == 1)
+        k_loop(std::integral_constant<int, 1>{});
+      else
+        k_loop(std::integral_constant<int, 2 % kRingT>{});
+      rot = (rot + a.kblocks) % kRingT;  // the next unit's block 0 went where this unit's block kblocks would
 
       // Epilogue: lanes q and q ^ 1 swap halves so that each holds four consecutive outputs of one
       // row (even q: row r, odd q: row r + 8), one 16-byte reduction or store each.
@@ -440,8 +464,8 @@ void launch_gemm_fp8_regs(const GemmFp8Params& p, const GemmFp8Config& cfg, cons
                 " (got N=" + std::to_string(p.n) + ", K=" + std::to_string(p.k) + ")");
   if (p.experts <= 0 || p.experts > kMaxTileExperts)
     throw Error(who + "experts must be in [1, " + std::to_string(kMaxTileExperts) + "]");
-  if (p.k % (kRing * kBlockK))
-    throw Error(who + "K must be a multiple of " + std::to_string(kRing * kBlockK) + " (the register ring), got " +
+  if (p.k < kRing * kBlockK)
+    throw Error(who + "K must be at least " + std::to_string(kRing * kBlockK) + " (the register ring), got " +
                 std::to_string(p.k));
   if (int64_t(p.experts) * p.n >= (int64_t(1) << 31) || p.x_rows <= 0 || p.x_rows * p.k >= (int64_t(1) << 31))
     throw Error(who + "sizes exceed the kernel's 32-bit coordinates");

@@ -10,8 +10,9 @@
 // ahead; warp 2 copies each stage's activation scales of the tile's rows by cp.async. Each
 // consumer thread loads its two rows' bytes for a K block straight from the token-order codes
 // into wgmma A-fragment registers (the quantiser lays them out for it: fragment_word,
-// device_layout.hpp), two K blocks ahead (a slot is reloaded as soon as its block's MMAs are
-// issued: they read a regrouped copy), the next unit's first blocks during this unit's last.
+// device_layout.hpp), three K blocks ahead (two in wide tiles; a slot is reloaded as soon as its
+// block's MMAs are issued: they read a regrouped copy), the next unit's first blocks during this
+// unit's last.
 //
 // Per 128-wide K block: four wgmma m64n128k32 (A from registers) into a block accumulator, then
 // final += block * weight_scale * activation_scale(row) once the block's MMAs complete; the other
@@ -26,9 +27,9 @@
 
 namespace loom {
 
-// Throws loom::Error for what the kernel cannot take (K not a multiple of 256 or above 8192, N not a
-// multiple of 16, more than 512 experts, x_rows * K from 2^31, options of the other kernel) and on
-// launch failure.
+// Throws loom::Error for what the kernel cannot take (K not a multiple of 128, below 384 or above
+// 8192, N not a multiple of 16, more than 512 experts, x_rows * K from 2^31, options of the other
+// kernel) and on launch failure.
 void launch_gemm_fp8_regs(const GemmFp8Params& p, const GemmFp8Config& cfg, const DeviceInfo& device,
                           cudaStream_t stream, bool pdl);
 

@@ -95,7 +95,7 @@ void run_case(const GemmCase& c, CombineMode mode, uint64_t seed) {
   // The token-order codes again in wgmma A-fragment order, for the kernel that loads them into
   // registers (whole 128-groups only).
   std::vector<uint8_t> x_frag(x.size(), 0x7f);
-  const bool frag_ok = K % (kRegsRing * 128) == 0 && K <= kRegsMaxK;  // what the register-loaded kernel takes
+  const bool frag_ok = K % 128 == 0 && K >= kRegsRing * 128 && K <= kRegsMaxK;  // what the register-loaded kernel takes
   if (frag_ok) to_fragment_order(x.data(), Tp, K, x_frag.data());
   DeviceBuffer dx = DeviceBuffer::from(x), dxs = DeviceBuffer::from(x_scales), dxf = DeviceBuffer::from(x_frag);
   DeviceBuffer da = DeviceBuffer::from(a_sorted), das = DeviceBuffer::from(a_scales),
