@@ -327,8 +327,10 @@ __global__ void __launch_bounds__(kThreads, 1)
     }
   } else {
     ptx::setmaxnreg_inc<kConsumerRegs>();
-    // The wide kernel keeps a ring of 2: with 3 its registers spilled (6 bytes stored, 52 loaded)
-    // and T=1536 ran 0.7 us slower than with the ring of 2 (docs/perf.md, thirteenth session).
+    // The wide kernel keeps a ring of 2: with 3, T=1536 ran 0.5-0.7 us slower. Either way ptxas
+    // reports a small spill in it since the loop rotates (6 bytes stored, ~48 loaded; the tall
+    // kernel has none); measured harmless: T=1280 / 1536 / 1792 e2e equal to the unrotated loop's
+    // within 0.1-0.3 us (docs/perf.md, thirteenth session).
     constexpr int kRingT = kWide ? 2 : kRing;
     const int consumer = warpgroup - 1, lane = threadIdx.x % 32, q = lane % 4;
     const int row_a = 16 * (threadIdx.x / 32 % 4) + lane / 4, row_b = row_a + 8;  // in the warpgroup's 64
