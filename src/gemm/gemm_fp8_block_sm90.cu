@@ -993,7 +993,8 @@ std::string GemmFp8Config::str() const {
 
 bool use_token_fragments(int64_t tokens, int64_t topk, int64_t experts, int64_t k) {
   const double rows = double(tokens) * double(topk) / double(experts);
-  return (rows >= kTokenFragmentsMinRowsPerExpert || (rows >= kWideTilesRowsPerExpert[0] && rows < kWideTilesRowsPerExpert[1])) &&
+  const bool wide = rows >= kWideTilesRowsPerExpert[0] && rows < kWideTilesRowsPerExpert[1] && k % (2 * kBlockK) == 0;
+  return (rows >= kTokenFragmentsMinRowsPerExpert || wide) &&
          k % kBlockK == 0 && k >= kRegsRing * kBlockK && k <= kRegsMaxK && experts <= kMaxHitExperts &&
          tokens * k < (int64_t(1) << 31);
 }

@@ -50,7 +50,8 @@ enum class CombineMode { atomic, store };
 enum class XSource { gather_by_token, sorted_rows, token_fragments };
 inline constexpr int kGatherMaxTokens = 32;
 // token_fragments from this many routed rows per expert (uniform routing), where K allows it, and
-// in wide tiles (GemmFp8Config::wide_tiles) for [kWideTilesRowsPerExpert[0], [1]) rows per expert.
+// in wide tiles (GemmFp8Config::wide_tiles; K a multiple of 256) for [kWideTilesRowsPerExpert[0],
+// [1]) rows per expert.
 inline constexpr double kTokenFragmentsMinRowsPerExpert = 80.0;
 inline constexpr double kWideTilesRowsPerExpert[2] = {36.0, 60.0};
 inline constexpr int kRegsRing = 3;        // the kernel's K blocks in registers: K >= 128 kRegsRing
@@ -96,7 +97,8 @@ struct GemmFp8Config {
   // was half of the GEMM's stall samples at T=1; docs/perf.md).
   bool warm_up = false;
   // Token fragments only: tiles of 64 rows x 256 weight rows (both consumer warpgroups on the same
-  // rows) instead of 128 x 128, for experts of about 64 rows (gemm_fp8_regs_sm90.cu).
+  // rows) instead of 128 x 128, for experts of about 64 rows (gemm_fp8_regs_sm90.cu); K a multiple
+  // of 256.
   bool wide_tiles = false;
   std::string str() const;
 };

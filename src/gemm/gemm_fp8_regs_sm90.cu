@@ -327,10 +327,10 @@ __global__ void __launch_bounds__(kThreads, 1)
     }
   } else {
     ptx::setmaxnreg_inc<kConsumerRegs>();
-    // The wide kernel keeps a ring of 2: with 3, T=1536 ran 0.5-0.7 us slower. Either way ptxas
-    // reports a small spill in it since the loop rotates (6 bytes stored, ~48 loaded; the tall
-    // kernel has none); measured harmless: T=1280 / 1536 / 1792 e2e equal to the unrotated loop's
-    // within 0.1-0.3 us (docs/perf.md, thirteenth session).
+    // The wide kernel keeps a ring of 2 (with 3, T=1536 ran 0.5-0.7 us slower) over an even number
+    // of K blocks, so it never rotates. ptxas reports a small spill in it since the loop became a
+    // lambda (6 bytes stored, ~44-48 loaded; the tall kernel has none); measured harmless: T=1280 /
+    // 1536 / 1792 e2e equal to the earlier loop's within 0.1-0.3 us (docs/perf.md, thirteenth session).
     constexpr int kRingT = kWide ? 2 : kRing;
     const int consumer = warpgroup - 1, lane = threadIdx.x % 32, q = lane % 4;
     const int row_a = 16 * (threadIdx.x / 32 % 4) + lane / 4, row_b = row_a + 8;  // in the warpgroup's 64
@@ -418,13 +418,18 @@ __global__ void __launch_bounds__(kThreads, 1)
         }
       };
       static_assert(kRingT >= 2 && kRingT <= 3, "one k_loop instantiation per rotation below");
-      if (rot == 0)
+      if constexpr (kWide) {
+        // An even number of K blocks (the launcher checks): the rotation stays 0.
         k_loop(std::integral_constant<int, 0>{});
-      else if (kRingT == 2 || rot == 1)
-        k_loop(std::integral_constant<int, 1>{});
-      else
-        k_loop(std::integral_constant<int, 2 % kRingT>{});
-      rot = (rot + a.kblocks) % kRingT;  // the next unit's block 0 went where this unit's block kblocks would
+      } else {
+        if (rot == 0)
+          k_loop(std::integral_constant<int, 0>{});
+        else if (kRingT == 2 || rot == 1)
+          k_loop(std::integral_constant<int, 1>{});
+        else
+          k_loop(std::integral_constant<int, 2 % kRingT>{});
+        rot = (rot + a.kblocks) % kRingT;  // the next unit's block 0 went where this unit's block kblocks would
+      }
 
       // Epilogue: lanes q and q ^ 1 swap halves so that each holds four consecutive outputs of one
       // row (even q: row r, odd q: row r + 8), one 16-byte reduction or store each.
@@ -469,6 +474,9 @@ void launch_gemm_fp8_regs(const GemmFp8Params& p, const GemmFp8Config& cfg, cons
   if (p.k < kRing * kBlockK)
     throw Error(who + "K must be at least " + std::to_string(kRing * kBlockK) + " (the register ring), got " +
                 std::to_string(p.k));
+  if (cfg.wide_tiles && p.k % (2 * kBlockK))
+    throw Error(who + "wide tiles need K a multiple of " + std::to_string(2 * kBlockK) + " (their ring of 2 does not "
+                "rotate), got " + std::to_string(p.k));
   if (int64_t(p.experts) * p.n >= (int64_t(1) << 31) || p.x_rows <= 0 || p.x_rows * p.k >= (int64_t(1) << 31))
     throw Error(who + "sizes exceed the kernel's 32-bit coordinates");
   if (!p.weights || !p.weight_scales || !p.x || !p.x_scales || !p.offsets || !p.row_token || !p.row_weight || !p.out)

@@ -1,0 +1,62 @@
+// The GEMM configuration chooser on the host (no GPU): which activation layout and tile shape each
+// batch gets, and that the choice holds the register-loaded kernel's K limits.
+#include <gtest/gtest.h>
+
+#include <cstdint>
+
+#include "common/device_info.hpp"
+#include "gemm/gemm_fp8_block_sm90.cuh"
+
+namespace loom {
+namespace {
+
+DeviceInfo h200_like() {
+  DeviceInfo d;
+  d.name = "test device";
+  d.major = 9;
+  d.sm_count = 132;
+  d.l2_bytes = int64_t(60) << 20;
+  d.global_bytes = int64_t(140) << 30;
+  d.smem_per_block_optin = 227 * 1024;
+  return d;
+}
+
+// Preset shape (E = 256, k = 8, K = 2048): rows per expert = T / 32.
+TEST(GemmFp8Config, TokenFragmentRangesAndWideTiles) {
+  struct Case {
+    int64_t tokens;
+    bool fragments, wide;
+  };
+  for (const Case& c : {Case{32, false, false},     // gathered by token
+                        Case{1024, false, false},   // 32 rows: sorted
+                        Case{1152, true, true},     // 36 rows: wide tiles from here
+                        Case{1536, true, true},
+                        Case{1919, true, true},     // 59.97 rows
+                        Case{1920, false, false},   // 60 rows: sorted again
+                        Case{2559, false, false},
+                        Case{2560, true, false},    // 80 rows: 128 x 128 tiles from here
+                        Case{8192, true, false}}) {
+    SCOPED_TRACE(testing::Message() << "T=" << c.tokens);
+    EXPECT_EQ(use_token_fragments(c.tokens, 8, 256, 2048), c.fragments);
+    const GemmFp8Config cfg = choose_gemm_fp8_config(c.tokens, 8, 256, 512, 2048, false, h200_like());
+    EXPECT_EQ(cfg.x_source == XSource::token_fragments, c.fragments) << cfg.str();
+    EXPECT_EQ(cfg.wide_tiles, c.wide) << cfg.str();
+  }
+}
+
+TEST(GemmFp8Config, TokenFragmentsHoldTheKernelsKLimits) {
+  // K below the register ring (3 blocks), not a multiple of 128, or above the weight-scale table:
+  // never the register-loaded kernel.
+  for (const int64_t k : {int64_t(256), int64_t(2000), int64_t(kRegsMaxK + 128)})
+    for (const int64_t t : {int64_t(1536), int64_t(8192)}) EXPECT_FALSE(use_token_fragments(t, 8, 256, k)) << k;
+  // An odd number of K blocks: 128 x 128 tiles (their ring rotates), never wide ones.
+  EXPECT_TRUE(use_token_fragments(8192, 8, 256, 1152));
+  EXPECT_FALSE(use_token_fragments(1536, 8, 256, 1152));
+  EXPECT_FALSE(choose_gemm_fp8_config(1536, 8, 256, 512, 1152, false, h200_like()).wide_tiles);
+  // Options of the other kernels keep to them.
+  EXPECT_NE(choose_gemm_fp8_config(8192, 8, 256, 512, 2048, false, h200_like(), /*allow_token_fragments=*/false).x_source,
+            XSource::token_fragments);
+}
+
+}  // namespace
+}  // namespace loom
