@@ -1061,10 +1061,11 @@ GemmFp8Config choose_gemm_fp8_config(int64_t tokens, int64_t topk, int64_t exper
   // the sorted rows share, it cost 1.7-3 us at T=16-32: ninth session.)
   c.warm_up = c.x_source == XSource::gather_by_token;
   // From 80 rows per expert (and from 36 to 60, in wide tiles): token rows on M, loaded by token
-  // into registers, so no sorted copy is written (gemm_fp8_regs_sm90.cuh). Measured e2e, this kernel vs sorted rows (two builds of
-  // the threshold, x2; thirteenth session, with the early reload): T=3072 (96 rows per expert)
-  // 141.7 / 141.6 vs 151.5 / 151.5 us; at 64 rows per expert (T=2048), where most tiles leave a
-  // consumer warpgroup idle, it loses, 129.3 / 128.8 vs 126.1 / 126.2 us.
+  // into registers, so no sorted copy is written (gemm_fp8_regs_sm90.cuh). Measured e2e, this
+  // kernel vs sorted rows (two builds of the threshold, x2; thirteenth session, with the early
+  // reload): T=2560 / 3072 (80 / 96 rows per expert) 135.8-136.1 / 141.7 vs 141.3-141.4 / 151.5 us;
+  // at 64 rows per expert (T=2048), where most tiles leave a consumer warpgroup idle, it loses,
+  // 129.3 / 128.8 vs 126.1 / 126.2 us.
   if (allow_token_fragments && use_token_fragments(tokens, topk, experts, k)) {
     c = GemmFp8Config{};
     c.x_source = XSource::token_fragments;

@@ -26,7 +26,7 @@ constexpr int kBlockK = 128;     // K per stage: one scale block
 constexpr int kTileRows = 128;   // an expert's token rows per tile: two consumer warpgroups of 64
 constexpr int kTileCols = 128;   // weight rows per tile: the MMA's N, one weight-scale block
 // Weight tiles in flight per SM (16 KiB each): 4, 6 and 8 measured equal, 12 far slower (T=8192
-// GEMM alone 309-311 vs 247-249 us; docs/perf.md, thirteenth session).
+// GEMM alone 307-311 vs 247-249 us; docs/perf.md, thirteenth session).
 constexpr int kStages = 8;
 // K blocks of activations in flight in each consumer thread's registers (the ring; tall tiles,
 // the wide ones keep 2). 3 against 2: T=2560 / 4096 / 8192 e2e 131.2 / 172.4 / 278.5 vs 136.4 /
@@ -181,7 +181,7 @@ __device__ __forceinline__ void load_block(RowBlock& rb, const Args& a, int tok_
 // Waits for the stage (weight tile and scales), runs the K block's four MMAs with A from rb, waits
 // for them, frees the stage and returns the two rows' activation scales. The MMAs read a regrouped
 // copy of rb, so rb is reloaded (reload) as soon as they are issued, not after their wait (T=8192
-// GEMM alone 250 vs 267 us). Not before them: the wgmma fence then waits for the new loads (262).
+// GEMM alone 250 vs 267 us). Not before them: the wgmma fence then waits for the new loads (262 us).
 template <class Reload>
 __device__ __forceinline__ float2 mma_block(Smem& s, float (&acc)[64], const RowBlock& rb, const StageCursor& st,
                                             int tile_row_a, int tile_row_b, const Reload& reload) {
@@ -254,8 +254,8 @@ __global__ void __launch_bounds__(kThreads, 1)
         for (int kb = 0; kb < a.kblocks; ++kb)
 #pragma unroll
           for (int j = 0; j < Sh::kBlocks; ++j) {
-            // A wide unit past the last block (odd block count) loads the last one again: the
-            // warpgroup that takes it drops every output (columns >= N).
+            // A wide unit past the last weight block (an odd number of them) loads the last one
+            // again: the warpgroup that takes it drops every output (columns >= N).
             const int w_row = unit.expert * a.n + min(unit.nb + j, a.nblocks - 1) * kTileCols;
             ptx::mbar_wait(&s.empty[st.stage], st.phase ^ 1);
             ptx::mbar_arrive_expect_tx(&s.full[st.stage], kWTileBytes);
@@ -328,9 +328,10 @@ __global__ void __launch_bounds__(kThreads, 1)
   } else {
     ptx::setmaxnreg_inc<kConsumerRegs>();
     // The wide kernel keeps a ring of 2 (with 3, T=1536 ran 0.5-0.7 us slower) over an even number
-    // of K blocks, so it never rotates. ptxas reports a small spill in it since the loop became a
-    // lambda (6 bytes stored, ~44-48 loaded; the tall kernel has none); measured harmless: T=1280 /
-    // 1536 / 1792 e2e equal to the earlier loop's within 0.1-0.3 us (docs/perf.md, thirteenth session).
+    // of K blocks, so it never rotates. ptxas reports a small spill in it since the loop took its
+    // rotating form (6 bytes stored, ~44-48 loaded; the tall kernel has none); measured harmless:
+    // T=1280 / 1536 / 1792 e2e equal to the earlier loop's within 0.1-0.3 us (docs/perf.md,
+    // thirteenth session).
     constexpr int kRingT = kWide ? 2 : kRing;
     const int consumer = warpgroup - 1, lane = threadIdx.x % 32, q = lane % 4;
     const int row_a = 16 * (threadIdx.x / 32 % 4) + lane / 4, row_b = row_a + 8;  // in the warpgroup's 64

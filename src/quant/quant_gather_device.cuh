@@ -74,18 +74,8 @@ struct UnitCodes {
   float scale;
 };
 
-// Loads and quantises this lane's 16 values of unit (t, c) (inactive lanes load nothing and give
-// amax 0). Every lane of the warp must call it (octet shuffles).
-__device__ __forceinline__ UnitCodes quantize_raw(uint4 raw0, uint4 raw1);
-__device__ __forceinline__ UnitCodes quantize_unit(const QuantGatherParams& p, uint32_t t, uint32_t c, bool active) {
-  uint4 raw0 = make_uint4(0u, 0u, 0u, 0u), raw1 = raw0;
-  if (active) {
-    const uint4* src = reinterpret_cast<const uint4*>(p.hidden + int64_t(t) * p.hidden_dim) + 2 * c;
-    raw0 = __ldcg(src);
-    raw1 = __ldcg(src + 1);
-  }
-  return quantize_raw(raw0, raw1);
-}
+// Quantises this lane's 16 bf16 values (two 16-byte words; zeros for an inactive lane, which
+// gives amax 0). Every lane of the warp must call it (octet shuffles).
 __device__ __forceinline__ UnitCodes quantize_raw(uint4 raw0, uint4 raw1) {
   float x[16];
   const uint32_t w[8] = {raw0.x, raw0.y, raw0.z, raw0.w, raw1.x, raw1.y, raw1.z, raw1.w};
@@ -123,6 +113,18 @@ __device__ __forceinline__ UnitCodes quantize_raw(uint4 raw0, uint4 raw1) {
   for (int i = 0; i < 4; ++i) q[i] = e4m3x2(x[4 * i], x[4 * i + 1]) | (e4m3x2(x[4 * i + 2], x[4 * i + 3]) << 16);
   u.codes = make_uint4(q[0], q[1], q[2], q[3]);
   return u;
+}
+
+// Loads and quantises this lane's 16 values of unit (t, c) (inactive lanes load nothing and give
+// amax 0). Every lane of the warp must call it (octet shuffles).
+__device__ __forceinline__ UnitCodes quantize_unit(const QuantGatherParams& p, uint32_t t, uint32_t c, bool active) {
+  uint4 raw0 = make_uint4(0u, 0u, 0u, 0u), raw1 = raw0;
+  if (active) {
+    const uint4* src = reinterpret_cast<const uint4*>(p.hidden + int64_t(t) * p.hidden_dim) + 2 * c;
+    raw0 = __ldcg(src);
+    raw1 = __ldcg(src + 1);
+  }
+  return quantize_raw(raw0, raw1);
 }
 
 // This lane's unit of the pass starting at unit wbase: token t, group g, 16-element chunk c.
