@@ -26,8 +26,11 @@ constexpr int kBlockK = 128;     // K per stage: one scale block
 constexpr int kTileRows = 128;   // an expert's token rows per tile: two consumer warpgroups of 64
 constexpr int kTileCols = 128;   // weight rows per tile: the MMA's N, one weight-scale block
 // Weight tiles in flight per SM (16 KiB each): 4, 6 and 8 measured equal, 12 far slower (T=8192
-// GEMM alone 307-311 vs 247-249 us; docs/perf.md, thirteenth session).
-constexpr int kStages = 8;
+// GEMM alone 307-311 vs 247-249 us; docs/perf.md, thirteenth session). Not more shared memory than
+// ~160 KiB in all: above, the L1 left beside it cannot hold the consumers' activation loads in
+// flight (8 stages beside the combine staging: T=8192 GEMM alone 306 vs 235 us; 6: 227-229 vs 4:
+// 226-229; fifteenth session).
+constexpr int kStages = 4;
 // K blocks of activations in flight in each consumer thread's registers (the ring; tall tiles,
 // the wide ones keep 2). 3 against 2: T=2560 / 4096 / 8192 e2e 131.2 / 172.4 / 278.5 vs 136.4 /
 // 180.3 / 289.5 us (docs/perf.md, thirteenth session); 4 spilled, and a ring of 4 in shared memory
@@ -72,9 +75,26 @@ struct Shape {
   static constexpr int kBlocks = kWide ? 2 : 1;            // weight blocks (ring stages) per K block
 };
 
+// The combine in atomic mode: a consumer warpgroup's finished 64 x 128 block of top-k-weighted
+// outputs goes to shared memory, and the combine warp (producer warp 3) adds each row into its
+// token's output row by one bulk reduction while the warpgroup starts its next unit. Against
+// red.global.add.v4.f32 from the consumers' registers (which both warpgroups issued at once, the
+// tensor pipe idle meanwhile), e2e T=1280 / 2560 / 4096 / 8192: 101.3 / 127.9 / 166.7 / 264.6 vs
+// 102.4 / 130.9 / 171.6 / 276.6 us (docs/perf.md, fifteenth session).
+constexpr int kOutStride = kTileCols + 4;  // floats per staged row: 16 bytes of padding spread a warp's 8 rows over the banks
+static_assert(kOutStride * 4 % 16 == 0, "each staged row starts 16-byte aligned (bulk copies)");
+struct alignas(16) OutStage {
+  float v[64][kOutStride];
+  int32_t token[64];  // the row's token; -1: no row
+  int32_t col0, bytes;  // first output column, bytes per row (0: nothing to add)
+};
+
 struct alignas(1024) Smem {
   uint8_t w[kStages][kWTileBytes];
   float xs[kStages][kTileRows];  // the stage's activation scales of the tile's rows (producer warp 2)
+  OutStage out[2];                // per consumer warpgroup (atomic mode)
+  uint64_t out_full[2];           // the warpgroup's 128 threads, after their stores and proxy fences
+  uint64_t out_empty[2];          // the combine warp, once its bulk reductions have read the block
   uint64_t full[kStages];
   uint64_t empty[kStages];
   int32_t tile_start[kMaxTileExperts + 1];  // row tiles of the experts before e (tile_start[E]: all)
@@ -235,6 +255,10 @@ __global__ void __launch_bounds__(kThreads, 1)
       ptx::mbar_init(&s.meta_full[i], 32);
       ptx::mbar_init(&s.meta_empty[i], 32 * kConsumerWarps + 32);
     }
+    for (int c = 0; c < 2; ++c) {
+      ptx::mbar_init(&s.out_full[c], 128);
+      ptx::mbar_init(&s.out_empty[c], 1);
+    }
     ptx::fence_mbar_init();
     s.zero_word = 0;
     ptx::prefetch_tensormap(&weights_map);
@@ -324,6 +348,28 @@ __global__ void __launch_bounds__(kThreads, 1)
         }
         mc.advance();
       }
+    } else if (threadIdx.x / 32 == 3 && a.atomic) {
+      // Warp 3: the combine. Units in the consumers' order; per unit, each warpgroup's block.
+      const int lane = threadIdx.x % 32;
+      uint32_t phase = 0;
+      for (int u = blockIdx.x; u < units; u += gridDim.x) {
+        for (int c = 0; c < 2; ++c) {
+          const OutStage& o = s.out[c];
+          ptx::mbar_wait(&s.out_full[c], phase);
+          const int bytes = o.bytes, col0 = o.col0;
+          if (bytes > 0)
+            for (int i = lane; i < 64; i += 32) {
+              const int token = o.token[i];
+              if (token >= 0) ptx::bulk_reduce_add_f32(a.out + int64_t(token) * a.n + col0, &o.v[i][0], uint32_t(bytes));
+            }
+          ptx::bulk_commit();
+          ptx::bulk_wait_read();  // this lane's reductions have read the block
+          __syncwarp();
+          if (lane == 0) ptx::mbar_arrive(&s.out_empty[c]);
+        }
+        phase ^= 1;
+      }
+      ptx::bulk_wait();  // and have completed, before the CTA exits
     }
   } else {
     ptx::setmaxnreg_inc<kConsumerRegs>();
@@ -333,7 +379,8 @@ __global__ void __launch_bounds__(kThreads, 1)
     // T=1280 / 1536 / 1792 e2e equal to the earlier loop's within 0.1-0.3 us (docs/perf.md,
     // thirteenth session).
     constexpr int kRingT = kWide ? 2 : kRing;
-    const int consumer = warpgroup - 1, lane = threadIdx.x % 32, q = lane % 4;
+    const int consumer = warpgroup - 1, lane = threadIdx.x % 32, q = lane % 4, wg_thread = threadIdx.x % 128;
+    uint32_t out_phase = 0;  // atomic mode: the parity of this warpgroup's next staged block
     const int row_a = 16 * (threadIdx.x / 32 % 4) + lane / 4, row_b = row_a + 8;  // in the warpgroup's 64
     StageCursor st;
     MetaCursor mc;
@@ -374,6 +421,12 @@ __global__ void __launch_bounds__(kThreads, 1)
           for (int i = 0; i < kRingT; ++i) load_block(ring[i], a, next_tok_a, next_tok_b, q, i);
         rot = 0;
         ptx::mbar_arrive(&s.meta_empty[cur_slot]);
+        if (a.atomic) {  // the combine warp takes a block per unit and warpgroup: an empty one
+          ptx::mbar_wait(&s.out_empty[consumer], out_phase ^ 1);
+          if (wg_thread == 0) s.out[consumer].bytes = 0;
+          ptx::mbar_arrive(&s.out_full[consumer]);
+          out_phase ^= 1;
+        }
         continue;
       }
       const int tok_a = m.token[row_base + row_a], tok_b = m.token[row_base + row_b];
@@ -432,13 +485,39 @@ __global__ void __launch_bounds__(kThreads, 1)
         rot = (rot + a.kblocks) % kRingT;  // the next unit's block 0 went where this unit's block kblocks would
       }
 
-      // Epilogue: lanes q and q ^ 1 swap halves so that each holds four consecutive outputs of one
-      // row (even q: row r, odd q: row r + 8), one 16-byte reduction or store each.
+      if (a.atomic) {
+        // Weighted outputs into this warpgroup's staging block (the tile's meta is read before its
+        // slot is freed); the combine warp adds them into the token rows.
+        OutStage& o = s.out[consumer];
+        const float wt_a = m.weight[row_base + row_a], wt_b = m.weight[row_base + row_b];
+        const int token = wg_thread < 64 && wg_thread < wg_rows ? m.token[row_base + wg_thread] : -1;
+        const int nb = m.nb + (kWide ? consumer : 0);
+        ptx::mbar_arrive(&s.meta_empty[cur_slot]);
+        ptx::mbar_wait(&s.out_empty[consumer], out_phase ^ 1);  // its previous block has been read
+#pragma unroll
+        for (int j = 0; j < 16; ++j) {
+          *reinterpret_cast<float2*>(&o.v[row_a][8 * j + 2 * q]) =
+              make_float2(wt_a * final_acc[4 * j + 0], wt_a * final_acc[4 * j + 1]);
+          *reinterpret_cast<float2*>(&o.v[row_b][8 * j + 2 * q]) =
+              make_float2(wt_b * final_acc[4 * j + 2], wt_b * final_acc[4 * j + 3]);
+        }
+        if (wg_thread < 64) o.token[wg_thread] = token;
+        if (wg_thread == 0) {
+          o.col0 = nb * kTileCols;
+          o.bytes = nb < a.nblocks ? min(kTileCols, a.n - nb * kTileCols) * 4 : 0;
+        }
+        ptx::fence_proxy_async_shared();  // this thread's stores, before the async proxy reads them
+        ptx::mbar_arrive(&s.out_full[consumer]);
+        out_phase ^= 1;
+        continue;
+      }
+      // Store mode: lanes q and q ^ 1 swap halves so that each holds four consecutive outputs of one
+      // row (even q: row r, odd q: row r + 8), one 16-byte store each.
       const bool even = q % 2 == 0;
       const int my_row = row_base + (even ? row_a : row_b);  // in the tile
       const bool ok = my_row - row_base < wg_rows;
       const float wt = m.weight[my_row];
-      float* dst = a.out + int64_t(a.atomic ? m.token[my_row] : m.row0 + my_row) * a.n;
+      float* dst = a.out + int64_t(m.row0 + my_row) * a.n;
       const int nb = m.nb + (kWide ? consumer : 0);
       ptx::mbar_arrive(&s.meta_empty[cur_slot]);  // every read of the unit's meta is done
 #pragma unroll
@@ -450,11 +529,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         const float v0 = even ? final_acc[4 * j + 0] : got0, v1 = even ? final_acc[4 * j + 1] : got1;
         const float v2 = even ? got0 : final_acc[4 * j + 2], v3 = even ? got1 : final_acc[4 * j + 3];
         const int n = nb * kTileCols + 8 * j + 4 * (q / 2);
-        if (!ok || n >= a.n) continue;
-        if (a.atomic)
-          ptx::red_add_v4_f32(dst + n, wt * v0, wt * v1, wt * v2, wt * v3);
-        else
-          *reinterpret_cast<float4*>(dst + n) = make_float4(wt * v0, wt * v1, wt * v2, wt * v3);
+        if (ok && n < a.n) *reinterpret_cast<float4*>(dst + n) = make_float4(wt * v0, wt * v1, wt * v2, wt * v3);
       }
     }
   }
@@ -488,7 +563,8 @@ void launch_gemm_fp8_regs(const GemmFp8Params& p, const GemmFp8Config& cfg, cons
   if (cfg.split_k != 1 || cfg.balanced || cfg.dynamic || cfg.handoff_epilogue || cfg.rescale_promotion ||
       cfg.bulk_combine)
     throw Error(who + "takes none of split-K, balanced shares, the dynamic tail, the hand-off epilogue, the "
-                      "rescale promotion or the bulk combine: " + cfg.str());
+                      "rescale promotion or the bulk-combine option (its atomic combine is always by bulk "
+                      "reductions): " + cfg.str());
   Args a{p.x, p.x_scales, p.x_rows, p.weight_scales, p.offsets, p.row_token, p.row_weight, p.out,
          p.experts, p.n, p.k, (p.n + kTileCols - 1) / kTileCols, p.k / kBlockK,
          p.combine == CombineMode::atomic ? 1 : 0};

@@ -5,9 +5,10 @@
 // Tile: 128 of an expert's rows (two consumer warpgroups of 64) x 128 weight rows, over all of K;
 // or, wide (GemmFp8Config::wide_tiles), 64 rows x 256 weight rows, each consumer warpgroup one
 // 128-row weight block of the same 64 rows (a K block then fills two ring stages).
-// Producer warpgroup: warp 0 streams the weight tiles by TMA into an 8-stage ring; warp 1 loads
+// Producer warpgroup: warp 0 streams the weight tiles by TMA into a 4-stage ring; warp 1 loads
 // each unit's row tokens, top-k weights and weight scales into a ring of unit records two units
-// ahead; warp 2 copies each stage's activation scales of the tile's rows by cp.async. Each
+// ahead; warp 2 copies each stage's activation scales of the tile's rows by cp.async; warp 3 is
+// the combine in atomic mode (below). Each
 // consumer thread loads its two rows' bytes for a K block straight from the token-order codes
 // into wgmma A-fragment registers (the quantiser lays them out for it: fragment_word,
 // device_layout.hpp), three K blocks ahead (two in wide tiles; a slot is reloaded as soon as its
@@ -16,8 +17,10 @@
 //
 // Per 128-wide K block: four wgmma m64n128k32 (A from registers) into a block accumulator, then
 // final += block * weight_scale * activation_scale(row) once the block's MMAs complete; the other
-// warpgroup's MMAs run meanwhile. Epilogue: out[token, n] += topk_weight * final (red.global.add
-// .v4.f32), or y[row, n] = topk_weight * final in store mode.
+// warpgroup's MMAs run meanwhile. Epilogue, atomic mode: each consumer warpgroup puts topk_weight
+// * final into a shared-memory block, and warp 3 adds every row into out[token, :] by one bulk
+// reduction (cp.reduce.async.bulk .add.f32) while the warpgroup goes on to its next unit. Store
+// mode: y[row, n] = topk_weight * final from registers.
 #pragma once
 
 #include <cuda_runtime.h>

@@ -23,5 +23,7 @@ __device__ __forceinline__ void bulk_reduce_add_f32(float* dst, const float* src
 }
 __device__ __forceinline__ void bulk_commit() { cuda::ptx::cp_async_bulk_commit_group(); }
 __device__ __forceinline__ void bulk_wait_read() { cuda::ptx::cp_async_bulk_wait_group_read(cuda::ptx::n32_t<0>{}); }
+// ... and until the thread's bulk operations have completed (their writes done).
+__device__ __forceinline__ void bulk_wait() { cuda::ptx::cp_async_bulk_wait_group(cuda::ptx::n32_t<0>{}); }
 
 }  // namespace loom::ptx
