@@ -21,7 +21,8 @@ enum Event : int {
   kRouteStart, kRouteWaited, kRouteEnd,
   kRankLoaded, kRankMax, kRankRanked, kRankWeighted,
   kDqStart, kDqEarlyDone, kDqWaited, kDqCounted, kDqLayout, kDqScattered, kDqEnd,
-  kDispatchStart, kDispatchWaited, kDispatchEnd, kQuantStart, kQuantWaited, kQuantEnd,
+  kDispatchStart, kDispatchWaited, kDispatchCounted, kDispatchSlices, kDispatchScanned, kDispatchScattered,
+  kDispatchEnd, kQuantStart, kQuantWaited, kQuantEnd,
   kGemmStart, kGemmWaited, kGemmUnits, kGemmFirstRows, kGemmFirstTma, kGemmEnd,
   kEventCount
 };

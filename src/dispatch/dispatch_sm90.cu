@@ -219,6 +219,7 @@ __global__ void __launch_bounds__(kThreads, 1) dispatch_kernel(const DispatchPar
     }
     if (several) {
       __syncthreads();  // rows 0 and 33 are zero before any thread adds to them
+      if (threadIdx.x == 0) LOOM_TRACE(kDispatchCounted);
       add_other_slices(p, before_row, after_row, e0, width, g.wpad);
       // The lead CTA also counts the other slices' out-of-range ids.
       if (win == 0 && lead)
@@ -230,6 +231,7 @@ __global__ void __launch_bounds__(kThreads, 1) dispatch_kernel(const DispatchPar
       if (lane == 0) warp_drop[warp] = drop;
     }
     __syncthreads();
+    if (threadIdx.x == 0) LOOM_TRACE(kDispatchSlices);
 
     // 3. Exclusive scan of the table in (expert, row) order, two sums at once: g over all rows
     // (global rows), l over the warp rows only (this CTA's local rows).
@@ -311,6 +313,7 @@ __global__ void __launch_bounds__(kThreads, 1) dispatch_kernel(const DispatchPar
       }
     }
     __syncthreads();
+    if (threadIdx.x == 0) LOOM_TRACE(kDispatchScanned);
 
     // 4. Rows, in route order within the warp: groups of equal experts per step, ranked by lane.
 #pragma unroll
@@ -344,6 +347,7 @@ __global__ void __launch_bounds__(kThreads, 1) dispatch_kernel(const DispatchPar
   // 5. This CTA's rows, in local order: consecutive threads store consecutive global rows within
   // each (expert) run; with one CTA, local rows are the global rows.
   __syncthreads();
+  if (threadIdx.x == 0) LOOM_TRACE(kDispatchScattered);
   for (int i = int(threadIdx.x); i < carried_l; i += kThreads) {
     const int row = s_row[i];
     p.row_token[row] = s_token[i];

@@ -7,6 +7,7 @@
 
 #include "args.hpp"
 #include "bench/bench.hpp"
+#include "bench/mma_skeleton_sm90.cuh"
 #include "bench/peaks.hpp"
 #include "common/build_info.hpp"
 #include "common/chain_trace.cuh"
@@ -25,6 +26,9 @@ usage:
   loom bench [options]   time the MoE layer on a workload (default: --preset qwen35-single)
   loom peaks [options]   measure the device's read bandwidth and dense GEMM rates
   loom info [options]    show the device and the plan loom would use for a shape
+  loom skeleton [--kblocks N] [--repeats R]   the FP8 GEMM's K-block loop with no global memory:
+                         cycles per K block and tensor-pipe share of its variants (A from
+                         registers or shared memory, 2 or 3 consumer warpgroups, promotion)
   loom help              this text
 
 workload options (bench, info):
@@ -164,6 +168,17 @@ int cmd_peaks(int argc, char** argv) {
   return 0;
 }
 
+int cmd_skeleton(int argc, char** argv) {
+  const Args a(rest(argc, argv), {"kblocks", "repeats"}, {});
+  loom::bench::SkeletonOptions opt;
+  opt.kblocks = int(a.integer("kblocks", opt.kblocks));
+  opt.repeats = int(a.integer("repeats", opt.repeats));
+  if (opt.kblocks < 4 || opt.kblocks % 4 || opt.repeats < 1)
+    throw Error("--kblocks must be a positive multiple of 4 and --repeats >= 1");
+  std::cout << loom::bench::run_skeleton(opt, std::cerr) << std::flush;
+  return 0;
+}
+
 int cmd_info(int argc, char** argv) {
   const Args a(rest(argc, argv), kWorkloadFlags, {"no-renorm", "sweep", "deterministic", "no-pdl"});
   const Workload w = parse_workload(a);
@@ -201,6 +216,7 @@ int main(int argc, char** argv) {
     if (cmd == "bench") return cmd_bench(argc, argv);
     if (cmd == "peaks") return cmd_peaks(argc, argv);
     if (cmd == "info") return cmd_info(argc, argv);
+    if (cmd == "skeleton") return cmd_skeleton(argc, argv);
     if (cmd == "help" || cmd == "--help" || cmd == "-h") {
       std::cout << kUsage;
       return 0;

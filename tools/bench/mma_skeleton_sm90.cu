@@ -1,0 +1,318 @@
+#include "bench/mma_skeleton_sm90.cuh"
+
+#include <algorithm>
+#include <cstdio>
+#include <optional>
+#include <ostream>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "common/cuda_check.hpp"
+#include "common/device_info.hpp"
+#include "gemm/ring_cursor.cuh"
+#include "ptx/mbarrier.cuh"
+#include "ptx/setmaxnreg.cuh"
+#include "ptx/wgmma.cuh"
+
+namespace loom::bench {
+namespace {
+
+constexpr int kStages = 4;
+constexpr int kBlockK = 128;
+constexpr int kTileBytes = 128 * kBlockK;  // one 128 x 128 e4m3 tile (B per stage; A of two warpgroups)
+constexpr uint32_t kOperandByte = 0x30;    // e4m3 0.5: block sums stay small and finite
+
+// One variant of the loop (the kernel's template argument).
+struct Variant {
+  int consumers;   // consumer warpgroups of 64 rows (2 or 3)
+  bool reg_a;      // A from registers (regrouped per block, as gemm_fp8_regs) or from shared memory
+  bool wide;       // two n128 accumulators per block (an n256 tile), no promotion
+  bool promote;    // final += block * per-row scale after each block
+  int chunk;       // 0: one block accumulator; 1: the same, with the next block's barrier wait, scale
+                   // reads and A regrouping before this block's promotion; 2, 4: two block
+                   // accumulators, block b + 1's MMAs issued before block b's wait, drained every
+                   // `chunk` blocks (ptxas serialises every wgmma (C7514) when one is still in
+                   // flight at the loop's back edge)
+};
+
+template <int kConsumers, bool RegA, bool kWide, bool kPromote, int kChunk>
+struct Config {
+  static_assert(kConsumers == 2 || kConsumers == 3, "two or three consumer warpgroups");
+  static_assert(!(kWide && (kPromote || kChunk)), "an n256 tile leaves no registers for a second accumulator");
+  static_assert(!kChunk || kPromote, "the reordered loops exist for the promotion");
+  static_assert(kChunk == 0 || kChunk == 1 || kChunk == 2 || kChunk == 4, "chunks of 2 or 4 blocks (ring of 4)");
+  static constexpr int kThreads = 128 * (kConsumers + 1);
+  // The register file split as the GEMM kernels do (65536 per SM).
+  static constexpr uint32_t kProducerRegs = kConsumers == 2 ? 40 : 24;
+  static constexpr uint32_t kConsumerRegs = kConsumers == 2 ? 232 : 160;
+  static_assert(128 * kProducerRegs + 128 * kConsumers * kConsumerRegs <= 65536, "the SM's registers");
+  static constexpr int kMmas = kWide ? 8 : 4;
+  static constexpr bool kRegA = RegA;
+};
+
+struct alignas(1024) Smem {
+  uint8_t b[kStages][kTileBytes];
+  uint8_t a[2][kTileBytes];  // 64-row A tiles of up to four warpgroups (shared-memory A)
+  float xs[kStages][3 * 64];
+  uint64_t full[kStages], empty[kStages];
+  uint32_t zero_word;
+};
+
+using Stage = PipelineState<kStages>;
+
+template <class C>
+__device__ __forceinline__ void issue(float (&acc)[64], float (&acc2)[64], const uint32_t (&frag)[4][4],
+                                      uint64_t desc_a, uint64_t desc_b) {
+#pragma unroll
+  for (int i = 0; i < 64; ++i) ptx::fence_operand(acc[i]);
+  if constexpr (C::kMmas == 8)
+#pragma unroll
+    for (int i = 0; i < 64; ++i) ptx::fence_operand(acc2[i]);
+  ptx::wgmma_fence();
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+    if constexpr (C::kRegA)
+      ptx::WgmmaE4M3RegA128::mma(acc, frag[j], desc_b + 2 * j, j > 0 ? 1 : 0);
+    else
+      ptx::WgmmaE4M3<128>::mma(acc, desc_a + 2 * j, desc_b + 2 * j, j > 0 ? 1 : 0);
+  }
+  if constexpr (C::kMmas == 8)  // the n256 tile's second half (same B tile: the loop is measured, not the data)
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      if constexpr (C::kRegA)
+        ptx::WgmmaE4M3RegA128::mma(acc2, frag[j], desc_b + 2 * j, j > 0 ? 1 : 0);
+      else
+        ptx::WgmmaE4M3<128>::mma(acc2, desc_a + 2 * j, desc_b + 2 * j, j > 0 ? 1 : 0);
+    }
+  ptx::wgmma_commit_group();
+}
+
+__device__ __forceinline__ void promote(float (&fin)[64], const float (&acc)[64], float sa, float sb) {
+#pragma unroll
+  for (int j = 0; j < 16; ++j) {
+    fin[4 * j + 0] += acc[4 * j + 0] * sa;
+    fin[4 * j + 1] += acc[4 * j + 1] * sa;
+    fin[4 * j + 2] += acc[4 * j + 2] * sb;
+    fin[4 * j + 3] += acc[4 * j + 3] * sb;
+  }
+}
+
+__device__ __forceinline__ void free_stage(Smem& s, const Stage& st) {
+  __syncwarp();
+  if (threadIdx.x % 32 == 0) ptx::mbar_arrive(&s.empty[st.stage]);
+}
+
+template <int kConsumers, bool kRegA, bool kWide, bool kPromote, int kChunk>
+__global__ void __launch_bounds__(Config<kConsumers, kRegA, kWide, kPromote, kChunk>::kThreads, 1)
+    skeleton_kernel(int kblocks, unsigned long long* cycles, float* sink) {
+  using C = Config<kConsumers, kRegA, kWide, kPromote, kChunk>;
+  extern __shared__ uint8_t smem_raw[];
+  const uint32_t pad = (1024u - uint32_t(reinterpret_cast<uintptr_t>(smem_raw) % 1024u)) % 1024u;
+  Smem& s = *reinterpret_cast<Smem*>(smem_raw + pad);
+  uint32_t* words = reinterpret_cast<uint32_t*>(&s);
+  const uint32_t fill = kOperandByte * 0x01010101u;
+  for (int i = threadIdx.x; i < int((kStages + 2) * kTileBytes / 4); i += C::kThreads) words[i] = fill;
+  for (int i = threadIdx.x; i < kStages * 3 * 64; i += C::kThreads) (&s.xs[0][0])[i] = 1.0f + 1e-3f * float(i % 7);
+  if (threadIdx.x == 0) {
+    for (int i = 0; i < kStages; ++i) {
+      ptx::mbar_init(&s.full[i], 1);
+      ptx::mbar_init(&s.empty[i], 4 * kConsumers);
+    }
+    ptx::fence_mbar_init();
+    s.zero_word = 0;
+  }
+  __syncthreads();
+  const int warpgroup = threadIdx.x / 128;
+  if (warpgroup == 0) {
+    ptx::setmaxnreg_dec<C::kProducerRegs>();
+    if (threadIdx.x == 0) {  // the stage ring's producer, with nothing to copy
+      Stage st;
+      for (int b = 0; b < kblocks; ++b) {
+        ptx::mbar_wait(&s.empty[st.stage], st.phase ^ 1);
+        ptx::mbar_arrive(&s.full[st.stage]);
+        st.advance();
+      }
+    }
+    return;
+  }
+  ptx::setmaxnreg_inc<C::kConsumerRegs>();
+  const int consumer = warpgroup - 1, lane = threadIdx.x % 32;
+  const int row_a = 64 * consumer + 16 * (threadIdx.x / 32 % 4) + lane / 4, row_b = row_a + 8;
+  const uint64_t desc_a = ptx::smem_desc_k_major_sw128(&s.a[consumer / 2][(consumer % 2) * (kTileBytes / 2)]);
+  // A in registers: the loaded words of one block (as gemm_fp8_regs holds them: four distinct
+  // registers quads, read from shared memory so that nothing folds), regrouped each block.
+  const uint4* ring_src = reinterpret_cast<const uint4*>(&s.a[0][0]) + lane;
+  const uint4 ring_a_lo = ring_src[0], ring_a_hi = ring_src[32], ring_b_lo = ring_src[64], ring_b_hi = ring_src[96];
+  float fin[64], acc0[64], acc1[64];
+#pragma unroll
+  for (int i = 0; i < 64; ++i) fin[i] = 0.0f;
+  uint32_t frag0[4][4], frag1[4][4];
+  const unsigned long long t0 = clock64();
+  Stage st;
+  auto stage_operands = [&](uint32_t (&frag)[4][4], const Stage& at, float& sa, float& sb) {
+    ptx::mbar_wait(&s.full[at.stage], at.phase);
+    sa = s.xs[at.stage][row_a];
+    sb = s.xs[at.stage][row_b];
+    if constexpr (kRegA) {
+      const uint32_t pin = *reinterpret_cast<volatile const uint32_t*>(&s.zero_word);
+      ptx::regroup_a_fragments(frag, ring_a_lo, ring_a_hi, ring_b_lo, ring_b_hi, pin);
+    }
+    return ptx::smem_desc_k_major_sw128(&s.b[at.stage][0]);
+  };
+  if constexpr (kChunk == 0) {
+    for (int b = 0; b < kblocks; ++b) {
+      float sa, sb;
+      const uint64_t desc_b = stage_operands(frag0, st, sa, sb);
+      issue<C>(acc0, acc1, frag0, desc_a, desc_b);
+      ptx::wgmma_wait_group<0>();
+#pragma unroll
+      for (int i = 0; i < 64; ++i) ptx::fence_operand(acc0[i]);
+      if constexpr (kWide)
+#pragma unroll
+        for (int i = 0; i < 64; ++i) ptx::fence_operand(acc1[i]);
+      free_stage(s, st);
+      st.advance();
+      if constexpr (kPromote) promote(fin, acc0, sa, sb);
+    }
+  } else if constexpr (kChunk == 1) {
+    float sa, sb;
+    uint64_t desc_b = stage_operands(frag0, st, sa, sb);
+    Stage next = st;
+    next.advance();
+    for (int b = 0; b < kblocks; ++b) {
+      issue<C>(acc0, acc0, frag0, desc_a, desc_b);
+      ptx::wgmma_wait_group<0>();
+#pragma unroll
+      for (int i = 0; i < 64; ++i) ptx::fence_operand(acc0[i]);
+      free_stage(s, st);
+      st.advance();
+      const float psa = sa, psb = sb;
+      if (b + 1 < kblocks) {  // the next block's operands first: their latency hides under the FFMAs
+        desc_b = stage_operands(frag0, next, sa, sb);
+        next.advance();
+      }
+      promote(fin, acc0, psa, psb);
+    }
+  } else {
+    // Per chunk: blocks b0, b0 + 1, ... alternate between acc0 and acc1; each block's MMAs are
+    // issued before the previous block is waited for and promoted; the chunk ends drained.
+    Stage next = st;
+    for (int b0 = 0; b0 < kblocks; b0 += kChunk) {
+      float sa0, sb0, sa1, sb1;
+      issue<C>(acc0, acc0, frag0, desc_a, stage_operands(frag0, next, sa0, sb0));
+      next.advance();
+#pragma unroll
+      for (int i = 0; i < kChunk; i += 2) {
+        issue<C>(acc1, acc1, frag1, desc_a, stage_operands(frag1, next, sa1, sb1));
+        next.advance();
+        ptx::wgmma_wait_group<1>();
+#pragma unroll
+        for (int r = 0; r < 64; ++r) ptx::fence_operand(acc0[r]);
+        free_stage(s, st);
+        st.advance();
+        promote(fin, acc0, sa0, sb0);
+        if (i + 2 < kChunk) {
+          issue<C>(acc0, acc0, frag0, desc_a, stage_operands(frag0, next, sa0, sb0));
+          next.advance();
+          ptx::wgmma_wait_group<1>();
+        } else {
+          ptx::wgmma_wait_group<0>();
+        }
+#pragma unroll
+        for (int r = 0; r < 64; ++r) ptx::fence_operand(acc1[r]);
+        free_stage(s, st);
+        st.advance();
+        promote(fin, acc1, sa1, sb1);
+      }
+    }
+  }
+  const unsigned long long t1 = clock64();
+  if (threadIdx.x % 128 == 0) cycles[blockIdx.x * kConsumers + consumer] = t1 - t0;
+  float keep = 0.0f;
+#pragma unroll
+  for (int i = 0; i < 64; ++i) keep += kPromote ? fin[i] : acc0[i] + (kWide ? acc1[i] : 0.0f);
+  if (kblocks < 0) sink[threadIdx.x] = keep;  // never: keeps the accumulators live
+}
+
+struct Row {
+  const char* name;
+  Variant v;
+  void (*kernel)(int, unsigned long long*, float*);
+  int threads;
+};
+
+template <int kConsumers, bool kRegA, bool kWide, bool kPromote, int kChunk>
+Row row(const char* name) {
+  using C = Config<kConsumers, kRegA, kWide, kPromote, kChunk>;
+  return Row{name, Variant{kConsumers, kRegA, kWide, kPromote, kChunk},
+             skeleton_kernel<kConsumers, kRegA, kWide, kPromote, kChunk>, C::kThreads};
+}
+
+}  // namespace
+
+std::string run_skeleton(const SkeletonOptions& opt, std::ostream& log) {
+  std::string why;
+  const std::optional<DeviceInfo> found = query_device(&why);
+  if (!found) throw Error("skeleton: no usable GPU (" + why + ")");
+  const DeviceInfo& dev = *found;
+  const std::vector<Row> rows = {
+      row<2, true, false, true, 0>("A regs, 2 wg, n128, promote (gemm_fp8_regs)"),
+      row<2, true, false, false, 0>("A regs, 2 wg, n128, no promotion"),
+      row<2, false, false, true, 0>("A smem, 2 wg, n128, promote"),
+      row<2, false, false, false, 0>("A smem, 2 wg, n128, no promotion"),
+      row<2, false, true, false, 0>("A smem, 2 wg, n256, no promotion"),
+      row<2, true, true, false, 0>("A regs, 2 wg, n256, no promotion"),
+      row<2, true, false, true, 1>("A regs, 2 wg, n128, promote, next block first"),
+      row<2, false, false, true, 1>("A smem, 2 wg, n128, promote, next block first"),
+      row<3, false, false, true, 0>("A smem, 3 wg, n128, promote"),
+      row<2, false, false, true, 2>("A smem, 2 wg, n128, promote, pipelined by 2"),
+      row<2, false, false, true, 4>("A smem, 2 wg, n128, promote, pipelined by 4"),
+  };
+  const size_t smem = sizeof(Smem) + 1024;
+  unsigned long long* cycles = nullptr;
+  float* sink = nullptr;
+  LOOM_CUDA_CHECK(cudaMalloc(&cycles, sizeof(unsigned long long) * size_t(dev.sm_count) * 3));
+  LOOM_CUDA_CHECK(cudaMalloc(&sink, sizeof(float) * 512));
+  std::ostringstream table;
+  table << "mma skeleton: " << dev.name << ", " << dev.sm_count << " SMs, " << opt.kblocks
+        << " K blocks per warpgroup, median of " << opt.repeats << " launches (no global memory in the loop)\n";
+  char line[256];
+  std::snprintf(line, sizeof line, "  %-46s %12s %10s %10s\n", "variant", "cyc/K-block", "pipe busy", "us");
+  table << line;
+  for (const Row& r : rows) {
+    log << "skeleton: " << r.name << "\n";
+    LOOM_CUDA_CHECK(cudaFuncSetAttribute(r.kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
+    std::vector<double> per_block, micros;
+    for (int i = 0; i < opt.repeats; ++i) {
+      cudaEvent_t e0, e1;
+      LOOM_CUDA_CHECK(cudaEventCreate(&e0));
+      LOOM_CUDA_CHECK(cudaEventCreate(&e1));
+      LOOM_CUDA_CHECK(cudaEventRecord(e0));
+      r.kernel<<<dev.sm_count, r.threads, smem>>>(opt.kblocks, cycles, sink);
+      LOOM_CUDA_CHECK(cudaGetLastError());
+      LOOM_CUDA_CHECK(cudaEventRecord(e1));
+      LOOM_CUDA_CHECK(cudaEventSynchronize(e1));
+      float ms = 0.0f;
+      LOOM_CUDA_CHECK(cudaEventElapsedTime(&ms, e0, e1));
+      LOOM_CUDA_CHECK(cudaEventDestroy(e0));
+      LOOM_CUDA_CHECK(cudaEventDestroy(e1));
+      std::vector<unsigned long long> c(size_t(dev.sm_count) * size_t(r.v.consumers));
+      LOOM_CUDA_CHECK(cudaMemcpy(c.data(), cycles, c.size() * sizeof(c[0]), cudaMemcpyDeviceToHost));
+      per_block.push_back(double(*std::max_element(c.begin(), c.end())) / opt.kblocks);
+      micros.push_back(1e3 * ms);
+    }
+    std::sort(per_block.begin(), per_block.end());
+    std::sort(micros.begin(), micros.end());
+    const double cyc = per_block[per_block.size() / 2];
+    const double mma_cycles = 64.0 * (r.v.wide ? 8 : 4) * r.v.consumers;  // per K block of every warpgroup
+    std::snprintf(line, sizeof line, "  %-46s %12.0f %9.1f%% %10.1f\n", r.name, cyc, 100.0 * mma_cycles / cyc,
+                  micros[micros.size() / 2]);
+    table << line;
+  }
+  LOOM_CUDA_CHECK(cudaFree(cycles));
+  LOOM_CUDA_CHECK(cudaFree(sink));
+  return table.str();
+}
+
+}  // namespace loom::bench
