@@ -6,6 +6,7 @@
 #   CHECK_BENCH extra `loom bench` runs, ';'-separated argument lists (default: the presets)
 #   GTEST_FILTER which tests to run (default all)
 #   SKIP_PEAKS  set: skip `loom peaks`
+#   SKIP_SKELETON set: skip `loom skeleton` (the GEMM's K-block loop alone, ~2 s)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 build=${BUILD_DIR:-build}
@@ -55,6 +56,11 @@ if [ -z "${SKIP_PEAKS:-}" ]; then
   note "peaks: rc=$?"
 fi
 
+if [ -z "${SKIP_SKELETON:-}" ]; then
+  "$loom" skeleton > "$out/logs/skeleton.txt" 2> "$out/logs/skeleton.err"
+  note "skeleton: rc=$?"
+fi
+
 # Default: the runs docs/perf.md records (T sweep; deterministic, PDL-off and eager variants;
 # skewed distributions).
 IFS=';' read -r -a runs <<< "${CHECK_BENCH:---preset qwen35-single --tokens 1,8,32,128,512,2048,4096,8192;--preset qwen35-single --tokens 1,128 --deterministic;--preset qwen35-single --tokens 1,128 --no-pdl --no-check;--preset qwen35-single --tokens 1,128 --eager --no-check;--preset qwen35-single --dist zipf:1.2 --no-check;--preset qwen35-single --dist hot:0.9 --no-check;--preset qwen35-single --dist concentrated --no-check}"
@@ -70,6 +76,7 @@ tar -C "$out" -czf "$out/gpu-check.tar.gz" logs
 cp "$out/logs/summary.txt" "$out/summary.txt"
 rm -rf "$out/logs"
 tar -xzOf "$out/gpu-check.tar.gz" logs/peaks.txt 2>/dev/null
+tar -xzOf "$out/gpu-check.tar.gz" logs/skeleton.txt 2>/dev/null
 for j in $(seq 1 $i); do tar -xzOf "$out/gpu-check.tar.gz" "logs/bench$j.txt" 2>/dev/null; done
 echo "---- summary"
 cat "$out/summary.txt"
