@@ -8,6 +8,7 @@
 #include "common/cuda_check.hpp"
 #include "common/launch.hpp"
 #include "common/tensor_map.hpp"
+#include "gemm/promote_rows.cuh"
 #include "gemm/ring_cursor.cuh"
 #include "pipeline/device_layout.hpp"
 #include "ptx/cp_async.cuh"
@@ -461,13 +462,7 @@ __global__ void __launch_bounds__(kThreads, 1)
               pass_stage(s, st);
               st.advance();
             }
-#pragma unroll
-            for (int j = 0; j < 16; ++j) {
-              final_acc[4 * j + 0] += acc[4 * j + 0] * scale_a;
-              final_acc[4 * j + 1] += acc[4 * j + 1] * scale_a;
-              final_acc[4 * j + 2] += acc[4 * j + 2] * scale_b;
-              final_acc[4 * j + 3] += acc[4 * j + 3] * scale_b;
-            }
+            promote_rows(final_acc, acc, scale_a, scale_b);
           }
         }
       };

@@ -10,6 +10,7 @@
 
 #include "common/cuda_check.hpp"
 #include "common/device_info.hpp"
+#include "gemm/promote_rows.cuh"
 #include "gemm/ring_cursor.cuh"
 #include "ptx/mbarrier.cuh"
 #include "ptx/setmaxnreg.cuh"
@@ -70,32 +71,20 @@ __device__ __forceinline__ void issue(float (&acc)[64], float (&acc2)[64], const
 #pragma unroll
     for (int i = 0; i < 64; ++i) ptx::fence_operand(acc2[i]);
   ptx::wgmma_fence();
-#pragma unroll
-  for (int j = 0; j < 4; ++j) {
-    if constexpr (C::kRegA)
-      ptx::WgmmaE4M3RegA128::mma(acc, frag[j], desc_b + 2 * j, j > 0 ? 1 : 0);
-    else
-      ptx::WgmmaE4M3<128>::mma(acc, desc_a + 2 * j, desc_b + 2 * j, j > 0 ? 1 : 0);
-  }
-  if constexpr (C::kMmas == 8)  // the n256 tile's second half (same B tile: the loop is measured, not the data)
+  // Four k32 steps into one accumulator; an n256 tile runs them again into its second half (on the
+  // same B tile: the loop is measured, not the data).
+  auto four_mmas = [&](float (&d)[64]) {
 #pragma unroll
     for (int j = 0; j < 4; ++j) {
       if constexpr (C::kRegA)
-        ptx::WgmmaE4M3RegA128::mma(acc2, frag[j], desc_b + 2 * j, j > 0 ? 1 : 0);
+        ptx::WgmmaE4M3RegA128::mma(d, frag[j], desc_b + 2 * j, j > 0 ? 1 : 0);
       else
-        ptx::WgmmaE4M3<128>::mma(acc2, desc_a + 2 * j, desc_b + 2 * j, j > 0 ? 1 : 0);
+        ptx::WgmmaE4M3<128>::mma(d, desc_a + 2 * j, desc_b + 2 * j, j > 0 ? 1 : 0);
     }
+  };
+  four_mmas(acc);
+  if constexpr (C::kMmas == 8) four_mmas(acc2);
   ptx::wgmma_commit_group();
-}
-
-__device__ __forceinline__ void promote(float (&fin)[64], const float (&acc)[64], float sa, float sb) {
-#pragma unroll
-  for (int j = 0; j < 16; ++j) {
-    fin[4 * j + 0] += acc[4 * j + 0] * sa;
-    fin[4 * j + 1] += acc[4 * j + 1] * sa;
-    fin[4 * j + 2] += acc[4 * j + 2] * sb;
-    fin[4 * j + 3] += acc[4 * j + 3] * sb;
-  }
 }
 
 __device__ __forceinline__ void free_stage(Smem& s, const Stage& st) {
@@ -173,7 +162,7 @@ __global__ void __launch_bounds__(Config<kConsumers, kRegA, kWide, kPromote, kCh
         for (int i = 0; i < 64; ++i) ptx::fence_operand(acc1[i]);
       free_stage(s, st);
       st.advance();
-      if constexpr (kPromote) promote(fin, acc0, sa, sb);
+      if constexpr (kPromote) promote_rows(fin, acc0, sa, sb);
     }
   } else if constexpr (kChunk == 1) {
     float sa, sb;
@@ -192,7 +181,7 @@ __global__ void __launch_bounds__(Config<kConsumers, kRegA, kWide, kPromote, kCh
         desc_b = stage_operands(frag0, next, sa, sb);
         next.advance();
       }
-      promote(fin, acc0, psa, psb);
+      promote_rows(fin, acc0, psa, psb);
     }
   } else {
     // Per chunk: blocks b0, b0 + 1, ... alternate between acc0 and acc1; each block's MMAs are
@@ -211,7 +200,7 @@ __global__ void __launch_bounds__(Config<kConsumers, kRegA, kWide, kPromote, kCh
         for (int r = 0; r < 64; ++r) ptx::fence_operand(acc0[r]);
         free_stage(s, st);
         st.advance();
-        promote(fin, acc0, sa0, sb0);
+        promote_rows(fin, acc0, sa0, sb0);
         if (i + 2 < kChunk) {
           issue<C>(acc0, acc0, frag0, desc_a, stage_operands(frag0, next, sa0, sb0));
           next.advance();
@@ -223,7 +212,7 @@ __global__ void __launch_bounds__(Config<kConsumers, kRegA, kWide, kPromote, kCh
         for (int r = 0; r < 64; ++r) ptx::fence_operand(acc1[r]);
         free_stage(s, st);
         st.advance();
-        promote(fin, acc1, sa1, sb1);
+        promote_rows(fin, acc1, sa1, sb1);
       }
     }
   }
