@@ -28,9 +28,10 @@ constexpr int kTileRows = 128;   // an expert's token rows per tile: two consume
 constexpr int kTileCols = 128;   // weight rows per tile: the MMA's N, one weight-scale block
 // Weight tiles in flight per SM (16 KiB each): 4, 6 and 8 measured equal, 12 far slower (T=8192
 // GEMM alone 307-311 vs 247-249 us; docs/perf.md, thirteenth session). Not more shared memory than
-// ~160 KiB in all: above, the L1 left beside it cannot hold the consumers' activation loads in
-// flight (8 stages beside the combine staging: T=8192 GEMM alone 306 vs 235 us; 6: 227-229 vs 4:
-// 226-229; fifteenth session).
+// ~160 KiB in all: the kernel needs the L1 beside it (8 stages beside the combine staging: T=8192
+// GEMM alone 306 vs 235 us; 6: 227-229 vs 4: 226-229; the 4-stage kernel with the largest
+// shared-memory carve-out, L1 ~28 KiB: 290 vs 223; fifteenth session). Not for its activation
+// loads: `loom gather-probe` gathers rows at the same rate whatever the carve-out.
 constexpr int kStages = 4;
 // K blocks of activations in flight in each consumer thread's registers (the ring; tall tiles,
 // the wide ones keep 2). 3 against 2: T=2560 / 4096 / 8192 e2e 131.2 / 172.4 / 278.5 vs 136.4 /

@@ -22,6 +22,14 @@ __device__ __forceinline__ void cp_async_4_zfill(uint32_t dst, const void* src, 
   asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;" ::"r"(dst), "l"(src), "r"(src_bytes) : "memory");
 }
 
+// Closes this thread's group of cp.async copies issued so far; waits until at most kPending of
+// its groups are still in flight.
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
+template <int kPending>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;" ::"n"(kPending) : "memory");
+}
+
 // One arrival on `bar` once every cp.async this thread issued so far has landed. .noinc: the arrival
 // counts against the barrier's expected count (init it with one arrival per calling thread).
 __device__ __forceinline__ void cp_async_mbar_arrive_noinc(uint64_t* bar) {

@@ -7,6 +7,7 @@
 
 #include "args.hpp"
 #include "bench/bench.hpp"
+#include "bench/gather_probe_sm90.cuh"
 #include "bench/mma_skeleton_sm90.cuh"
 #include "bench/peaks.hpp"
 #include "common/build_info.hpp"
@@ -29,6 +30,8 @@ usage:
   loom skeleton [--kblocks N] [--repeats R]   the FP8 GEMM's K-block loop with no global memory:
                          cycles per K block and tensor-pipe share of its variants (A from
                          registers or shared memory, 2 or 3 consumer warpgroups, promotion)
+  loom gather-probe [--tiles N] [--repeats R]   gathering activation rows by token from L2 (cp.async
+                         into shared memory, or loads into registers) at three shared-memory sizes
   loom help              this text
 
 workload options (bench, info):
@@ -179,6 +182,17 @@ int cmd_skeleton(int argc, char** argv) {
   return 0;
 }
 
+int cmd_gather_probe(int argc, char** argv) {
+  const Args a(rest(argc, argv), {"tiles", "repeats"}, {});
+  loom::bench::GatherProbeOptions opt;
+  opt.tiles_per_cta = int(a.integer("tiles", opt.tiles_per_cta));
+  opt.repeats = int(a.integer("repeats", opt.repeats));
+  if (opt.tiles_per_cta < 1 || opt.tiles_per_cta > 64 || opt.repeats < 1)
+    throw Error("--tiles must be in [1, 64] and --repeats >= 1");
+  std::cout << loom::bench::run_gather_probe(opt, std::cerr) << std::flush;
+  return 0;
+}
+
 int cmd_info(int argc, char** argv) {
   const Args a(rest(argc, argv), kWorkloadFlags, {"no-renorm", "sweep", "deterministic", "no-pdl"});
   const Workload w = parse_workload(a);
@@ -217,6 +231,7 @@ int main(int argc, char** argv) {
     if (cmd == "peaks") return cmd_peaks(argc, argv);
     if (cmd == "info") return cmd_info(argc, argv);
     if (cmd == "skeleton") return cmd_skeleton(argc, argv);
+    if (cmd == "gather-probe") return cmd_gather_probe(argc, argv);
     if (cmd == "help" || cmd == "--help" || cmd == "-h") {
       std::cout << kUsage;
       return 0;
