@@ -21,8 +21,9 @@ const char* event_name(int event) {
       "token 0: logits loaded", "token 0: max", "token 0: ranked", "token 0: weighted",
       "dispatch+quant: start", "dispatch+quant: early quantise done", "dispatch+quant: waited",
       "dispatch+quant: ids counted", "dispatch+quant: layout", "dispatch+quant: routes scattered", "dispatch+quant: end",
-      "dispatch: start", "dispatch: waited", "dispatch: own routes counted",
-      "dispatch: other slices added", "dispatch: scanned", "dispatch: rows assigned", "dispatch: end", "quantise: start", "quantise: waited", "quantise: end",
+      "dispatch: start", "dispatch: waited", "dispatch: own routes counted", "dispatch: other slices added",
+      "dispatch: scanned", "dispatch: rows assigned", "dispatch: end",
+      "quantise: start", "quantise: waited", "quantise: end",
       "gemm: start", "gemm: waited", "gemm: units known", "gemm: first unit's rows read", "gemm: first weight TMA issued", "gemm: end"};
   return event >= 0 && event < kEventCount ? names[event] : "?";
 }

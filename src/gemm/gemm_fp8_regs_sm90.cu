@@ -83,7 +83,8 @@ struct Shape {
 // red.global.add.v4.f32 from the consumers' registers (which both warpgroups issued at once, the
 // tensor pipe idle meanwhile), e2e T=1280 / 2560 / 4096 / 8192: 101.3 / 127.9 / 166.7 / 264.6 vs
 // 102.4 / 130.9 / 171.6 / 276.6 us (docs/perf.md, fifteenth session).
-constexpr int kOutStride = kTileCols + 4;  // floats per staged row: 16 bytes of padding spread a warp's 8 rows over the banks
+// Floats per staged row: 16 bytes of padding spread a warp's 8 rows over the banks.
+constexpr int kOutStride = kTileCols + 4;
 static_assert(kOutStride * 4 % 16 == 0, "each staged row starts 16-byte aligned (bulk copies)");
 struct alignas(16) OutStage {
   float v[64][kOutStride];
@@ -362,7 +363,8 @@ __global__ void __launch_bounds__(kThreads, 1)
           if (bytes > 0)
             for (int i = lane; i < 64; i += 32) {
               const int token = o.token[i];
-              if (token >= 0) ptx::bulk_reduce_add_f32(a.out + int64_t(token) * a.n + col0, &o.v[i][0], uint32_t(bytes));
+              if (token >= 0)
+                ptx::bulk_reduce_add_f32(a.out + int64_t(token) * a.n + col0, &o.v[i][0], uint32_t(bytes));
             }
           ptx::bulk_commit();
           ptx::bulk_wait_read();  // this lane's reductions have read the block
