@@ -31,7 +31,7 @@ usage:
                          cycles per K block and tensor-pipe share of its variants (A from
                          registers or shared memory, 2 or 3 consumer warpgroups, promotion)
   loom gather-probe [--tiles N] [--repeats R]   gathering activation rows by token from L2 (cp.async
-                         into shared memory, or loads into registers) at three shared-memory sizes
+                         into shared memory, or loads into registers) at several shared-memory sizes
   loom help              this text
 
 workload options (bench, info):

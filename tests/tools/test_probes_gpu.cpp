@@ -1,0 +1,76 @@
+// The design probes (`loom skeleton`, `loom gather-probe`) run every variant and report figures
+// inside what the hardware allows: a variant whose kernel did no work, or failed, shows up as a
+// missing row or an impossible rate.
+#include <gtest/gtest.h>
+
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "bench/gather_probe_sm90.cuh"
+#include "bench/mma_skeleton_sm90.cuh"
+#include "gpu_test.hpp"
+
+namespace loom::bench {
+namespace {
+
+// The last numeric columns of each table row below the two header lines.
+std::vector<std::vector<double>> table_numbers(const std::string& table, int columns) {
+  std::vector<std::vector<double>> rows;
+  std::istringstream in(table);
+  std::string line;
+  for (int skip = 0; skip < 2 && std::getline(in, line); ++skip) {
+  }
+  while (std::getline(in, line)) {
+    std::istringstream words(line);
+    std::vector<std::string> w;
+    for (std::string x; words >> x;) w.push_back(x == "%" ? w.back() : x);
+    if (int(w.size()) < columns) continue;
+    std::vector<double> values;
+    for (int i = int(w.size()) - columns; i < int(w.size()); ++i) {
+      std::string v = w[size_t(i)];
+      if (!v.empty() && v.back() == '%') v.pop_back();
+      values.push_back(std::stod(v));
+    }
+    rows.push_back(values);
+  }
+  return rows;
+}
+
+TEST(ProbesGpu, SkeletonReportsEveryLoopWithinThePipesRate) {
+  LOOM_REQUIRE_GPU();
+  std::ostringstream log;
+  SkeletonOptions opt;
+  opt.kblocks = 256;
+  opt.repeats = 1;
+  const std::string table = run_skeleton(opt, log);
+  const auto rows = table_numbers(table, 3);  // cycles per K block, pipe busy %, us
+  ASSERT_EQ(rows.size(), 11u) << table;
+  for (const auto& r : rows) {
+    // At most the pipe's rate (the 64-cycle MMA estimate leaves a little above 100 %), and every
+    // loop does its MMAs: no variant is free.
+    EXPECT_GT(r[0], 400.0) << table;
+    EXPECT_GT(r[1], 20.0) << table;
+    EXPECT_LT(r[1], 110.0) << table;
+  }
+}
+
+TEST(ProbesGpu, GatherProbeMovesItsBytesAtAPlausibleRate) {
+  LOOM_REQUIRE_GPU();
+  std::ostringstream log;
+  GatherProbeOptions opt;
+  opt.tiles_per_cta = 4;
+  opt.repeats = 1;
+  const std::string table = run_gather_probe(opt, log);
+  const auto rows = table_numbers(table, 2);  // us, TB/s
+  ASSERT_EQ(rows.size(), 8u) << table;
+  for (const auto& r : rows) {
+    EXPECT_GT(r[0], 0.0) << table;
+    // From L2 and HBM: well below 20 TB/s, and not a kernel that stalled.
+    EXPECT_GT(r[1], 0.5) << table;
+    EXPECT_LT(r[1], 20.0) << table;
+  }
+}
+
+}  // namespace
+}  // namespace loom::bench
