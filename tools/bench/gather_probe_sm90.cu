@@ -2,12 +2,12 @@
 
 #include <algorithm>
 #include <cstdio>
-#include <optional>
 #include <ostream>
 #include <sstream>
 #include <string>
 #include <vector>
 
+#include "bench/probe_launch.hpp"
 #include "common/cuda_check.hpp"
 #include "common/device_info.hpp"
 #include "common/rng.hpp"
@@ -100,10 +100,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 }  // namespace
 
 std::string run_gather_probe(const GatherProbeOptions& opt, std::ostream& log) {
-  std::string why;
-  const std::optional<DeviceInfo> found = query_device(&why);
-  if (!found) throw Error("gather-probe: no usable GPU (" + why + ")");
-  const DeviceInfo& dev = *found;
+  const DeviceInfo dev = probe_device("gather-probe");
   const int64_t row_count = int64_t(dev.sm_count) * opt.tiles_per_cta * kTileRows;
   std::vector<int32_t> rows(static_cast<size_t>(row_count));
   Rng rng(7);
@@ -143,19 +140,9 @@ std::string run_gather_probe(const GatherProbeOptions& opt, std::ostream& log) {
     LOOM_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout, v.carveout));
     std::vector<double> micros;
     for (int i = 0; i < opt.repeats + 1; ++i) {  // the first launch warms L2 and is not counted
-      cudaEvent_t e0, e1;
-      LOOM_CUDA_CHECK(cudaEventCreate(&e0));
-      LOOM_CUDA_CHECK(cudaEventCreate(&e1));
-      LOOM_CUDA_CHECK(cudaEventRecord(e0));
-      kernel<<<dev.sm_count, kThreads, smem>>>(codes, d_rows, opt.tiles_per_cta, sink);
-      LOOM_CUDA_CHECK(cudaGetLastError());
-      LOOM_CUDA_CHECK(cudaEventRecord(e1));
-      LOOM_CUDA_CHECK(cudaEventSynchronize(e1));
-      float ms = 0.0f;
-      LOOM_CUDA_CHECK(cudaEventElapsedTime(&ms, e0, e1));
-      LOOM_CUDA_CHECK(cudaEventDestroy(e0));
-      LOOM_CUDA_CHECK(cudaEventDestroy(e1));
-      if (i > 0) micros.push_back(1e3 * ms);
+      const double us =
+          time_launch_us([&] { kernel<<<dev.sm_count, kThreads, smem>>>(codes, d_rows, opt.tiles_per_cta, sink); });
+      if (i > 0) micros.push_back(us);
     }
     std::sort(micros.begin(), micros.end());
     const double us = micros[micros.size() / 2];

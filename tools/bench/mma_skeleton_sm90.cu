@@ -2,12 +2,12 @@
 
 #include <algorithm>
 #include <cstdio>
-#include <optional>
 #include <ostream>
 #include <sstream>
 #include <string>
 #include <vector>
 
+#include "bench/probe_launch.hpp"
 #include "common/cuda_check.hpp"
 #include "common/device_info.hpp"
 #include "gemm/promote_rows.cuh"
@@ -241,10 +241,7 @@ Row row(const char* name) {
 }  // namespace
 
 std::string run_skeleton(const SkeletonOptions& opt, std::ostream& log) {
-  std::string why;
-  const std::optional<DeviceInfo> found = query_device(&why);
-  if (!found) throw Error("skeleton: no usable GPU (" + why + ")");
-  const DeviceInfo& dev = *found;
+  const DeviceInfo dev = probe_device("skeleton");
   const std::vector<Row> rows = {
       row<2, true, false, true, 0>("A regs, 2 wg, n128, promote (gemm_fp8_regs)"),
       row<2, true, false, false, 0>("A regs, 2 wg, n128, no promotion"),
@@ -274,22 +271,12 @@ std::string run_skeleton(const SkeletonOptions& opt, std::ostream& log) {
     LOOM_CUDA_CHECK(cudaFuncSetAttribute(r.kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
     std::vector<double> per_block, micros;
     for (int i = 0; i < opt.repeats; ++i) {
-      cudaEvent_t e0, e1;
-      LOOM_CUDA_CHECK(cudaEventCreate(&e0));
-      LOOM_CUDA_CHECK(cudaEventCreate(&e1));
-      LOOM_CUDA_CHECK(cudaEventRecord(e0));
-      r.kernel<<<dev.sm_count, r.threads, smem>>>(opt.kblocks, cycles, sink);
-      LOOM_CUDA_CHECK(cudaGetLastError());
-      LOOM_CUDA_CHECK(cudaEventRecord(e1));
-      LOOM_CUDA_CHECK(cudaEventSynchronize(e1));
-      float ms = 0.0f;
-      LOOM_CUDA_CHECK(cudaEventElapsedTime(&ms, e0, e1));
-      LOOM_CUDA_CHECK(cudaEventDestroy(e0));
-      LOOM_CUDA_CHECK(cudaEventDestroy(e1));
+      const double us =
+          time_launch_us([&] { r.kernel<<<dev.sm_count, r.threads, smem>>>(opt.kblocks, cycles, sink); });
       std::vector<unsigned long long> c(size_t(dev.sm_count) * size_t(r.v.consumers));
       LOOM_CUDA_CHECK(cudaMemcpy(c.data(), cycles, c.size() * sizeof(c[0]), cudaMemcpyDeviceToHost));
       per_block.push_back(double(*std::max_element(c.begin(), c.end())) / opt.kblocks);
-      micros.push_back(1e3 * ms);
+      micros.push_back(us);
     }
     std::sort(per_block.begin(), per_block.end());
     std::sort(micros.begin(), micros.end());
