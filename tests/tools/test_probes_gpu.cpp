@@ -24,7 +24,8 @@ std::vector<std::vector<double>> table_numbers(const std::string& table, int col
   while (std::getline(in, line)) {
     std::istringstream words(line);
     std::vector<std::string> w;
-    for (std::string x; words >> x;) w.push_back(x == "%" ? w.back() : x);
+    for (std::string x; words >> x;)
+      if (x != "%") w.push_back(x);  // "0 %" (a carve-out) is one column
     if (int(w.size()) < columns) continue;
     std::vector<double> values;
     for (int i = int(w.size()) - columns; i < int(w.size()); ++i) {
