@@ -974,8 +974,8 @@ std::string GemmFp8Config::str() const {
     return std::string("fp8 grouped GEMM: tiles of ") +
            (wide_tiles ? "64 of an expert's token rows (M) x 256 weight rows (N, one 128-row block per consumer)"
                        : "128 of an expert's token rows (M) x 128 weight rows (N)") +
-           ", the rows loaded by token into A-fragment registers, 8 weight TMA stages, persistent grid, epilogue in "
-           "the consumers";
+           ", the rows loaded by token into A-fragment registers, 4 weight TMA stages, persistent grid, combine by "
+           "bulk reductions from a shared-memory stage (atomic) or stores from registers (store)";
   return "fp8 grouped GEMM: units of 128 weight rows x all of an expert's rows in {16..128}-wide chunks, " +
          std::to_string(stages) + " TMA stages, persistent grid, " +
          (dense ? std::string("dense unit walk") + (prefetch ? " + L2 prefetch before the PDL wait" : "")
