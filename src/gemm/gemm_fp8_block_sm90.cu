@@ -1060,21 +1060,21 @@ GemmFp8Config choose_gemm_fp8_config(int64_t tokens, int64_t topk, int64_t exper
   // 24.4 vs 24.4-24.6, T=16 35.8-35.9 vs 35.9-36.1, T=32 48.9-49.0 vs 49.1-49.3 us. (In the kernel
   // the sorted rows share, it cost 1.7-3 us at T=16-32: ninth session.)
   c.warm_up = c.x_source == XSource::gather_by_token;
-  // From 80 rows per expert (and from 36 to 60, in wide tiles): token rows on M, loaded by token
-  // into registers, so no sorted copy is written (gemm_fp8_regs_sm90.cuh). Measured e2e, this
-  // kernel vs sorted rows (two builds of the threshold, x2; thirteenth session, with the early
-  // reload): T=2560 / 3072 (80 / 96 rows per expert) 135.8-136.1 / 141.7 vs 141.3-141.4 / 151.5 us;
-  // at 64 rows per expert (T=2048), where most tiles leave a consumer warpgroup idle, it loses,
-  // 129.3 / 128.8 vs 126.1 / 126.2 us.
+  // From 52 rows per expert (and from 30 to 52, in wide tiles): token rows on M, loaded by token
+  // into registers, so no sorted copy is written (gemm_fp8_regs_sm90.cuh). Since the bulk-reduction
+  // combine (fifteenth session) the register-loaded kernel wins from 32 rows per expert on, its glue
+  // (route+quantise in token order, count, dispatch) about 15 us shorter at T=2048 than dispatch +
+  // the sorted copy. Measured e2e, sorted rows / wide tiles / 128 x 128 tiles (one build, environment
+  // switch, x2 in one call; seventeenth session): T=896 (28 rows) 98.1-98.2 / 99.6-99.7 / -;
+  // T=1024 (32) 101.8-101.9 / 99.7-99.9 / 102.7; T=1536 (48) - / 106.1-106.2 / 109.4-109.5;
+  // T=1792 (56) - / 116.5 / 114.8-114.9; T=2048 (64) 129.2-129.3 / 125.3-125.6 / 118.4-118.7 us.
   if (allow_token_fragments && use_token_fragments(tokens, topk, experts, k)) {
     c = GemmFp8Config{};
     c.x_source = XSource::token_fragments;
     c.prefetch = false;
-    // 64 x 256 tiles where an expert's rows fit one 64-row tile: measured e2e against sorted rows
-    // (two builds, x2; thirteenth session): 32 / 40 / 48 / 56 / 64 rows per expert (T = 1024 / 1280 /
-    // 1536 / 1792 / 2048) 100.6 / 102.9 / 106.8 / 117.7 / 126.9 vs 99.2 / 110.8 / 120.8 / 119.4 /
-    // 125.3 us (at 64 about half the experts spill into a second, nearly empty tile); 128 x 128
-    // tiles at 40 / 48 rows: 115.4 / 119.0.
+    // 64 x 256 tiles below 52 rows per expert, where most experts' rows fit one 64-row tile; from
+    // about 56 half the experts spill into a second, nearly empty tile, and 128 x 128 tiles win (the
+    // figures above: 48 rows 106.1 wide vs 109.5 tall, 56 rows 116.5 vs 114.9 us).
     c.wide_tiles = rows_per_expert < kTokenFragmentsMinRowsPerExpert;
   }
   return c;

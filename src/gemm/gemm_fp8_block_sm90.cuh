@@ -51,13 +51,13 @@ enum class XSource { gather_by_token, sorted_rows, token_fragments };
 inline constexpr int kGatherMaxTokens = 32;
 // token_fragments from this many routed rows per expert (uniform routing), where K allows it, and
 // in wide tiles (GemmFp8Config::wide_tiles; K a multiple of 256) for [kWideTilesRowsPerExpert[0],
-// [1]) rows per expert.
-inline constexpr double kTokenFragmentsMinRowsPerExpert = 80.0;
-inline constexpr double kWideTilesRowsPerExpert[2] = {36.0, 60.0};
+// [1]) rows per expert (the measurements: choose_gemm_fp8_config).
+inline constexpr double kTokenFragmentsMinRowsPerExpert = 52.0;
+inline constexpr double kWideTilesRowsPerExpert[2] = {30.0, kTokenFragmentsMinRowsPerExpert};
 inline constexpr int kRegsRing = 3;        // the kernel's K blocks in registers: K >= 128 kRegsRing
 inline constexpr int kRegsMaxK = 64 * 128; // its weight scales per unit in shared memory
-// Whether choose_gemm_fp8_config reads token_fragments for this batch (not monotone in tokens: the
-// wide-tile range, then sorted rows again, then from kTokenFragmentsMinRowsPerExpert).
+// Whether choose_gemm_fp8_config reads token_fragments for this batch (from the wide-tile range on
+// where K is a multiple of 256, else from kTokenFragmentsMinRowsPerExpert).
 bool use_token_fragments(int64_t tokens, int64_t topk, int64_t experts, int64_t k);
 
 struct GemmFp8Config {

@@ -44,9 +44,10 @@ GemmFp8Config gemm_config_for(const Shape& s, const Options& o, int64_t tokens, 
 }
 
 // The largest batch of at most `tokens` whose GEMM reads the expert-sorted copy (0: none): batches
-// above kGatherMaxTokens that use_token_fragments leaves to it. That choice is not monotone in the
-// batch (sorted rows, wide register tiles, sorted rows, register tiles), so a downward scan; above
-// kTokenFragmentsMinRowsPerExpert rows per expert every batch takes fragments if the largest does.
+// above kGatherMaxTokens that use_token_fragments leaves to it: sorted rows, then (where K allows)
+// wide register tiles, then register tiles, up to the kernel's 32-bit limit, where a largest batch
+// may take sorted rows again. So a downward scan; above kTokenFragmentsMinRowsPerExpert rows per
+// expert every batch takes fragments if the largest does.
 int64_t largest_sorted_batch(const Shape& s, const Options& o, int64_t tokens) {
   auto fragments = [&](int64_t t) {
     return token_fragments_allowed(o) && use_token_fragments(t, s.topk, s.experts, s.hidden);

@@ -37,7 +37,7 @@ __global__ void __launch_bounds__(kThreads, 1) route_quant_kernel(const RouteTop
     const int64_t token = int64_t(blockIdx.x) * kWarpsPerCta + warp;
     int32_t id;
     float weight;
-    // This launch runs for the token_fragments GEMM (T >= 2560 on the preset): issue-bound, so the
+    // This launch runs for the token_fragments GEMM (T >= 960 on the preset): issue-bound, so the
     // two-best ranking.
     if (token < rp.tokens)
       route_detail::route_one_token<V, kSigmoid, kWarpsPerCta, true>(rp, token, lane, warp, id, weight);

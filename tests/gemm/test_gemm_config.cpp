@@ -28,13 +28,12 @@ TEST(GemmFp8Config, TokenFragmentRangesAndWideTiles) {
     bool fragments, wide;
   };
   for (const Case& c : {Case{32, false, false},     // gathered by token
-                        Case{1024, false, false},   // 32 rows: sorted
-                        Case{1152, true, true},     // 36 rows: wide tiles from here
+                        Case{959, false, false},    // 29.97 rows: sorted
+                        Case{960, true, true},      // 30 rows: wide tiles from here
                         Case{1536, true, true},
-                        Case{1919, true, true},     // 59.97 rows
-                        Case{1920, false, false},   // 60 rows: sorted again
-                        Case{2559, false, false},
-                        Case{2560, true, false},    // 80 rows: 128 x 128 tiles from here
+                        Case{1663, true, true},     // 51.97 rows
+                        Case{1664, true, false},    // 52 rows: 128 x 128 tiles from here
+                        Case{2048, true, false},
                         Case{8192, true, false}}) {
     SCOPED_TRACE(testing::Message() << "T=" << c.tokens);
     EXPECT_EQ(use_token_fragments(c.tokens, 8, 256, 2048), c.fragments);
@@ -49,8 +48,10 @@ TEST(GemmFp8Config, TokenFragmentsHoldTheKernelsKLimits) {
   // never the register-loaded kernel.
   for (const int64_t k : {int64_t(256), int64_t(2000), int64_t(kRegsMaxK + 128)})
     for (const int64_t t : {int64_t(1536), int64_t(8192)}) EXPECT_FALSE(use_token_fragments(t, 8, 256, k)) << k;
-  // An odd number of K blocks: 128 x 128 tiles (their ring rotates), never wide ones.
+  // An odd number of K blocks: 128 x 128 tiles (their ring rotates), never wide ones, so sorted rows
+  // below their range.
   EXPECT_TRUE(use_token_fragments(8192, 8, 256, 1152));
+  EXPECT_TRUE(use_token_fragments(1664, 8, 256, 1152));
   EXPECT_FALSE(use_token_fragments(1536, 8, 256, 1152));
   EXPECT_FALSE(choose_gemm_fp8_config(1536, 8, 256, 512, 1152, false, h200_like()).wide_tiles);
   // Options of the other kernels keep to them.
