@@ -975,7 +975,8 @@ std::string GemmFp8Config::str() const {
            (wide_tiles ? "64 of an expert's token rows (M) x 256 weight rows (N, one 128-row block per consumer)"
                        : "128 of an expert's token rows (M) x 128 weight rows (N)") +
            ", the rows loaded by token into A-fragment registers, 4 weight TMA stages, persistent grid, combine by "
-           "bulk reductions from a shared-memory stage (atomic) or stores from registers (store)";
+           "bulk reductions from a shared-memory stage (atomic) or stores from registers (store)" +
+           (weights_evict_first ? ", weights L2 evict-first" : "");
   return "fp8 grouped GEMM: units of 128 weight rows x all of an expert's rows in {16..128}-wide chunks, " +
          std::to_string(stages) + " TMA stages, persistent grid, " +
          (dense ? std::string("dense unit walk") + (prefetch ? " + L2 prefetch before the PDL wait" : "")
@@ -1072,6 +1073,15 @@ GemmFp8Config choose_gemm_fp8_config(int64_t tokens, int64_t topk, int64_t exper
     c = GemmFp8Config{};
     c.x_source = XSource::token_fragments;
     c.prefetch = false;
+    // Weights L2 evict-first while most experts read them once (one row tile), when the stream
+    // outgrows half of L2 as above: the weight stream then does not push out the activation rows and
+    // output lines, which are read again. Measured e2e, with vs without (one build, environment
+    // switch, x2 in one call; seventeenth session): T=1024 / 1536 / 2048 / 2560 / 4096 93.1-93.2 /
+    // 97.9 / 108.1-108.4 / 120.8-121.0 / 158.6-158.9 vs 99.2-99.7 / 106.1-106.3 / 120.1 / 130.7-130.9 /
+    // 170.2-170.6 us; at T=8192 (two row tiles an expert) 273.3-274.7 vs 270.6-270.8. With the hint
+    // on each expert's last row tile only: T=5120 / 6144 / 8192 204.6 / 221.0-221.3 / 274.0-274.2 vs
+    // none 203.9-204.0 / 220.5-221.1 / 266.1-269.3.
+    c.weights_evict_first = stream_outgrows_l2 && rows_per_expert <= kRegsTileRows;
     // 64 x 256 tiles below 52 rows per expert, where most experts' rows fit one 64-row tile; from
     // about 56 half the experts spill into a second, nearly empty tile, and 128 x 128 tiles win (the
     // figures above: 48 rows 106.1 wide vs 109.5 tall, 56 rows 116.5 vs 114.9 us).

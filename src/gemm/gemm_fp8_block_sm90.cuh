@@ -55,6 +55,7 @@ inline constexpr int kGatherMaxTokens = 32;
 inline constexpr double kTokenFragmentsMinRowsPerExpert = 52.0;
 inline constexpr double kWideTilesRowsPerExpert[2] = {30.0, kTokenFragmentsMinRowsPerExpert};
 inline constexpr int kRegsRing = 3;        // the kernel's K blocks in registers: K >= 128 kRegsRing
+inline constexpr int kRegsTileRows = 128;  // an expert's token rows per tile (128 x 128 tiles)
 inline constexpr int kRegsMaxK = 64 * 128; // its weight scales per unit in shared memory
 // Whether choose_gemm_fp8_config reads token_fragments for this batch (from the wide-tile range on
 // where K is a multiple of 256, else from kTokenFragmentsMinRowsPerExpert).

@@ -24,7 +24,7 @@ namespace loom {
 namespace {
 
 constexpr int kBlockK = 128;     // K per stage: one scale block
-constexpr int kTileRows = 128;   // an expert's token rows per tile: two consumer warpgroups of 64
+constexpr int kTileRows = kRegsTileRows;  // an expert's token rows per tile: two consumer warpgroups of 64
 constexpr int kTileCols = 128;   // weight rows per tile: the MMA's N, one weight-scale block
 // Weight tiles in flight per SM (16 KiB each): 4, 6 and 8 measured equal, 12 far slower (T=8192
 // GEMM alone 307-311 vs 247-249 us; docs/perf.md, thirteenth session). Not more shared memory than
@@ -119,6 +119,7 @@ struct Args {
   float* out;
   int experts, n, k, nblocks, kblocks;
   int atomic;
+  int weights_evict_first;  // GemmFp8Config::weights_evict_first
 };
 
 using StageCursor = PipelineState<kStages>;
@@ -276,6 +277,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     ptx::setmaxnreg_dec<kProducerRegs>();
     if (threadIdx.x == 0) {
       StageCursor st;
+      const uint64_t evict_first = ptx::l2_policy_evict_first();
       for (int u = blockIdx.x; u < units; u += gridDim.x) {
         const Unit unit = decode<kWide>(s, a, u);
         for (int kb = 0; kb < a.kblocks; ++kb)
@@ -286,7 +288,10 @@ __global__ void __launch_bounds__(kThreads, 1)
             const int w_row = unit.expert * a.n + min(unit.nb + j, a.nblocks - 1) * kTileCols;
             ptx::mbar_wait(&s.empty[st.stage], st.phase ^ 1);
             ptx::mbar_arrive_expect_tx(&s.full[st.stage], kWTileBytes);
-            ptx::tma_load_2d(s.w[st.stage], &weights_map, kb * kBlockK, w_row, &s.full[st.stage]);
+            if (a.weights_evict_first)
+              ptx::tma_load_2d_hint(s.w[st.stage], &weights_map, kb * kBlockK, w_row, &s.full[st.stage], evict_first);
+            else
+              ptx::tma_load_2d(s.w[st.stage], &weights_map, kb * kBlockK, w_row, &s.full[st.stage]);
             st.advance();
           }
       }
@@ -559,13 +564,13 @@ void launch_gemm_fp8_regs(const GemmFp8Params& p, const GemmFp8Config& cfg, cons
     throw Error(who + "the activation rows must be 16-byte aligned");
   if (p.x_scale_layout != ScaleLayout::group_major) throw Error(who + "reads group-major activation scales");
   if (cfg.split_k != 1 || cfg.balanced || cfg.dynamic || cfg.handoff_epilogue || cfg.rescale_promotion ||
-      cfg.bulk_combine)
+      cfg.bulk_combine || cfg.x_evict_first)
     throw Error(who + "takes none of split-K, balanced shares, the dynamic tail, the hand-off epilogue, the "
-                      "rescale promotion or the bulk-combine option (its atomic combine is always by bulk "
-                      "reductions): " + cfg.str());
+                      "rescale promotion, the bulk-combine option (its atomic combine is always by bulk "
+                      "reductions) or an activation eviction hint: " + cfg.str());
   Args a{p.x, p.x_scales, p.x_rows, p.weight_scales, p.offsets, p.row_token, p.row_weight, p.out,
          p.experts, p.n, p.k, (p.n + kTileCols - 1) / kTileCols, p.k / kBlockK,
-         p.combine == CombineMode::atomic ? 1 : 0};
+         p.combine == CombineMode::atomic ? 1 : 0, cfg.weights_evict_first ? 1 : 0};
   const CUtensorMap map = make_tensor_map_2d(p.weights, CU_TENSOR_MAP_DATA_TYPE_UINT8, 1,
                                              uint64_t(p.experts) * p.n, p.k, p.k, kTileCols, kBlockK, TmaSwizzle::b128);
   static_assert(sizeof(Smem) + 1024 <= 227 * 1024, "shared memory budget of one sm_90 CTA");
