@@ -976,7 +976,8 @@ std::string GemmFp8Config::str() const {
                        : "128 of an expert's token rows (M) x 128 weight rows (N)") +
            ", the rows loaded by token into A-fragment registers, 4 weight TMA stages, persistent grid, combine by "
            "bulk reductions from a shared-memory stage (atomic) or stores from registers (store)" +
-           (weights_evict_first ? ", weights L2 evict-first" : "");
+           (weights_evict_first ? ", weights L2 evict-first" : "") +
+           (x_evict_last ? ", activation rows L2 evict-last" : "");
   return "fp8 grouped GEMM: units of 128 weight rows x all of an expert's rows in {16..128}-wide chunks, " +
          std::to_string(stages) + " TMA stages, persistent grid, " +
          (dense ? std::string("dense unit walk") + (prefetch ? " + L2 prefetch before the PDL wait" : "")
@@ -1073,15 +1074,22 @@ GemmFp8Config choose_gemm_fp8_config(int64_t tokens, int64_t topk, int64_t exper
     c = GemmFp8Config{};
     c.x_source = XSource::token_fragments;
     c.prefetch = false;
-    // Weights L2 evict-first while most experts read them once (one row tile), when the stream
-    // outgrows half of L2 as above: the weight stream then does not push out the activation rows and
-    // output lines, which are read again. Measured e2e, with vs without (one build, environment
-    // switch, x2 in one call; seventeenth session): T=1024 / 1536 / 2048 / 2560 / 4096 93.1-93.2 /
-    // 97.9 / 108.1-108.4 / 120.8-121.0 / 158.6-158.9 vs 99.2-99.7 / 106.1-106.3 / 120.1 / 130.7-130.9 /
-    // 170.2-170.6 us; at T=8192 (two row tiles an expert) 273.3-274.7 vs 270.6-270.8. With the hint
-    // on each expert's last row tile only: T=5120 / 6144 / 8192 204.6 / 221.0-221.3 / 274.0-274.2 vs
-    // none 203.9-204.0 / 220.5-221.1 / 266.1-269.3.
-    c.weights_evict_first = stream_outgrows_l2 && rows_per_expert <= kRegsTileRows;
+    // L2 eviction priorities, when the weight stream outgrows half of L2 as above: the activation
+    // rows (read by every unit of their row tile) evict-last, and the weights evict-first while an
+    // expert reads them in at most about one and a half row tiles. Either way the weight stream does
+    // not push out the rows and output lines that are read again. Measured e2e (one build,
+    // environment switches, x2 in one call; seventeenth session):
+    //   weights evict-first vs none: T=1024 / 1536 / 2048 / 2560 / 4096 93.1-93.2 / 97.9 /
+    //   108.1-108.4 / 120.8-121.0 / 158.6-158.9 vs 99.2-99.7 / 106.1-106.3 / 120.1 / 130.7-130.9 /
+    //   170.2-170.6 us; at T=8192 (two row tiles an expert) 273.3-274.7 vs 270.6-270.8, and on each
+    //   expert's last row tile only T=5120 / 6144 / 8192 204.6 / 221.0-221.3 / 274.0-274.2 vs none
+    //   203.9-204.0 / 220.5-221.1 / 266.1-269.3.
+    //   activations evict-last, on weights evict-first up to T=4096: T=2048 / 4096 / 6144 / 8192
+    //   107.6-107.7 / 158.2-158.4 / 212.9-213.7 / 268.4-269.0 vs 107.5-107.8 / 158.7-158.9 /
+    //   221.1-221.7 / 271.0-272.1 us; with weights evict-first as well at 6144 / 8192 208.4 (x2) /
+    //   273.1-274.6.
+    c.x_evict_last = stream_outgrows_l2;
+    c.weights_evict_first = stream_outgrows_l2 && rows_per_expert <= 1.5 * kRegsTileRows;
     // 64 x 256 tiles below 52 rows per expert, where most experts' rows fit one 64-row tile; from
     // about 56 half the experts spill into a second, nearly empty tile, and 128 x 128 tiles win (the
     // figures above: 48 rows 106.1 wide vs 109.5 tall, 56 rows 116.5 vs 114.9 us).
@@ -1100,6 +1108,7 @@ void set_handoff_epilogue(GemmFp8Config& c, bool on) {
 void launch_gemm_fp8(const GemmFp8Params& p, const GemmFp8Config& cfg, const DeviceInfo& device, cudaStream_t stream,
                      bool pdl) {
   if (cfg.x_source == XSource::token_fragments) return launch_gemm_fp8_regs(p, cfg, device, stream, pdl);
+  if (cfg.x_evict_last) throw Error("fp8 GEMM: x_evict_last is for the register-loaded GEMM (token fragments) only");
   if (p.n <= 0 || p.k <= 0 || p.n % 16 || p.k % 16)
     throw Error("fp8 GEMM: N and K must be positive multiples of 16 (got N=" + std::to_string(p.n) +
                 ", K=" + std::to_string(p.k) + ")");

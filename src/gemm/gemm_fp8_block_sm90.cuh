@@ -88,6 +88,7 @@ struct GemmFp8Config {
   // L2 eviction priority of the TMA loads (evict_first: the loaded lines leave L2 first).
   bool weights_evict_first = false;
   bool x_evict_first = false;  // sorted rows only
+  bool x_evict_last = false;   // token fragments only: the activation rows' loads L2 evict-last
   // Sorted rows only: the consumers stage each chunk's result once and go on to the next chunk's
   // MMAs while the producer warpgroup's spare warps (thread 0 alone issues the loads) weight and
   // reduce it; its staging takes two stages' shared memory (stages 4, else 6). It reads the

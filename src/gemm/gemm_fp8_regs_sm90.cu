@@ -12,6 +12,7 @@
 #include "gemm/ring_cursor.cuh"
 #include "pipeline/device_layout.hpp"
 #include "ptx/cp_async.cuh"
+#include "ptx/load.cuh"
 #include "ptx/mbarrier.cuh"
 #include "ptx/pdl.cuh"
 #include "ptx/red.cuh"
@@ -120,6 +121,7 @@ struct Args {
   int experts, n, k, nblocks, kblocks;
   int atomic;
   int weights_evict_first;  // GemmFp8Config::weights_evict_first
+  int x_evict_last;         // GemmFp8Config::x_evict_last
 };
 
 using StageCursor = PipelineState<kStages>;
@@ -196,10 +198,18 @@ __device__ __forceinline__ void load_block(RowBlock& rb, const Args& a, int tok_
   // at + 64 + 16 q. int32 offsets: the launcher keeps x_rows * K below 2^31.
   const uint4* pa = reinterpret_cast<const uint4*>(a.x + (tok_a * a.k + kb * kBlockK + 16 * q));
   const uint4* pb = reinterpret_cast<const uint4*>(a.x + (tok_b * a.k + kb * kBlockK + 16 * q));
-  rb.a_lo = __ldcg(pa);
-  rb.a_hi = __ldcg(pa + 4);
-  rb.b_lo = __ldcg(pb);
-  rb.b_hi = __ldcg(pb + 4);
+  if (a.x_evict_last) {
+    const uint64_t policy = ptx::l2_policy_evict_last();
+    rb.a_lo = ptx::ld_cg_hint(pa, policy);
+    rb.a_hi = ptx::ld_cg_hint(pa + 4, policy);
+    rb.b_lo = ptx::ld_cg_hint(pb, policy);
+    rb.b_hi = ptx::ld_cg_hint(pb + 4, policy);
+  } else {
+    rb.a_lo = __ldcg(pa);
+    rb.a_hi = __ldcg(pa + 4);
+    rb.b_lo = __ldcg(pb);
+    rb.b_hi = __ldcg(pb + 4);
+  }
 }
 
 // Waits for the stage (weight tile and scales), runs the K block's four MMAs with A from rb, waits
@@ -570,7 +580,7 @@ void launch_gemm_fp8_regs(const GemmFp8Params& p, const GemmFp8Config& cfg, cons
                       "reductions) or an activation eviction hint: " + cfg.str());
   Args a{p.x, p.x_scales, p.x_rows, p.weight_scales, p.offsets, p.row_token, p.row_weight, p.out,
          p.experts, p.n, p.k, (p.n + kTileCols - 1) / kTileCols, p.k / kBlockK,
-         p.combine == CombineMode::atomic ? 1 : 0, cfg.weights_evict_first ? 1 : 0};
+         p.combine == CombineMode::atomic ? 1 : 0, cfg.weights_evict_first ? 1 : 0, cfg.x_evict_last ? 1 : 0};
   const CUtensorMap map = make_tensor_map_2d(p.weights, CU_TENSOR_MAP_DATA_TYPE_UINT8, 1,
                                              uint64_t(p.experts) * p.n, p.k, p.k, kTileCols, kBlockK, TmaSwizzle::b128);
   static_assert(sizeof(Smem) + 1024 <= 227 * 1024, "shared memory budget of one sm_90 CTA");

@@ -29,6 +29,13 @@ __device__ __forceinline__ uint64_t l2_policy_evict_first() {
   return policy;
 }
 
+// An L2 policy whose lines are evicted last (createpolicy, not in cuda::ptx).
+__device__ __forceinline__ uint64_t l2_policy_evict_last() {
+  uint64_t policy;
+  asm volatile("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;" : "=l"(policy));
+  return policy;
+}
+
 // tma_load_2d with an L2 cache policy (cuda::ptx has no cache-hinted form as of CUDA 13.0).
 __device__ __forceinline__ void tma_load_2d_hint(void* dst, const CUtensorMap* map, int32_t c0, int32_t c1,
                                                  uint64_t* bar, uint64_t policy) {

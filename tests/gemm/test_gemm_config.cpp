@@ -43,17 +43,26 @@ TEST(GemmFp8Config, TokenFragmentRangesAndWideTiles) {
   }
 }
 
-// The register-loaded GEMM's weights go evict-first while an expert's rows fit one 128-row tile
-// (each weight tile read once) and the stream outgrows half of L2.
-TEST(GemmFp8Config, TokenFragmentWeightsEvictFirstWhileReadOnce) {
-  for (const int64_t t : {int64_t(1024), int64_t(2048), int64_t(4096)})
-    EXPECT_TRUE(choose_gemm_fp8_config(t, 8, 256, 512, 2048, false, h200_like()).weights_evict_first) << t;
-  for (const int64_t t : {int64_t(4097), int64_t(8192)})
-    EXPECT_FALSE(choose_gemm_fp8_config(t, 8, 256, 512, 2048, false, h200_like()).weights_evict_first) << t;
+// The register-loaded GEMM's L2 priorities once the weight stream outgrows half of L2: activation
+// rows evict-last; weights evict-first while an expert's rows fit about one and a half 128-row tiles.
+TEST(GemmFp8Config, TokenFragmentEvictionPriorities) {
+  for (const int64_t t : {int64_t(1024), int64_t(2048), int64_t(4096), int64_t(6144)}) {
+    const GemmFp8Config c = choose_gemm_fp8_config(t, 8, 256, 512, 2048, false, h200_like());
+    EXPECT_TRUE(c.weights_evict_first) << t;
+    EXPECT_TRUE(c.x_evict_last) << t;
+  }
+  for (const int64_t t : {int64_t(6145), int64_t(8192)}) {
+    const GemmFp8Config c = choose_gemm_fp8_config(t, 8, 256, 512, 2048, false, h200_like());
+    EXPECT_FALSE(c.weights_evict_first) << t;
+    EXPECT_TRUE(c.x_evict_last) << t;
+  }
   // 16 experts of 512 x 2048, 64 rows each: 16 MiB of weights, under half of L2.
   const GemmFp8Config small = choose_gemm_fp8_config(1024, 1, 16, 512, 2048, false, h200_like());
   EXPECT_EQ(small.x_source, XSource::token_fragments);
   EXPECT_FALSE(small.weights_evict_first);
+  EXPECT_FALSE(small.x_evict_last);
+  // Sorted rows never take the register-loaded kernel's activation hint.
+  EXPECT_FALSE(choose_gemm_fp8_config(512, 8, 256, 512, 2048, false, h200_like()).x_evict_last);
 }
 
 TEST(GemmFp8Config, TokenFragmentsHoldTheKernelsKLimits) {
