@@ -444,20 +444,52 @@ bool explained_by_near_ties(const Problem& pr, int64_t t, const int32_t* got, st
         sure.push_back(g);
     }
     const int64_t need = topk_group - int64_t(sure.size());
-    if (band.size() > 12 || need < 0 || need > int64_t(band.size())) {
-      why = "too many tied groups to enumerate";
+    if (need < 0 || need > int64_t(band.size())) {
+      why = "inconsistent group band";
       return false;
     }
-    std::vector<bool> pick(band.size(), false);
-    std::fill(pick.begin(), pick.begin() + need, true);
-    std::sort(pick.begin(), pick.end());
-    do {
-      std::vector<bool> kept(size_t(n_group), false);
+    if (band.size() > 12) {
+      // Too many tied groups to enumerate (e.g. one expert per group and many near-equal scores):
+      // check the one kept set that explains the kernel's ids best: the band groups it chose, plus
+      // the lowest-scoring band groups (they displace the fewest candidates).
+      std::vector<bool> in_band(size_t(n_group), false), kept(size_t(n_group), false);
+      for (int32_t g : band) in_band[size_t(g)] = true;
       for (int32_t g : sure) kept[size_t(g)] = true;
-      for (size_t i = 0; i < band.size(); ++i)
-        if (pick[i]) kept[size_t(band[i])] = true;
+      int64_t chosen = 0;
+      for (int64_t j = 0; j < k; ++j) {
+        const int32_t id = got[j];
+        if (id < 0 || id >= E) {
+          why = "id out of range";
+          return false;
+        }
+        const int64_t g = id / size;
+        if (in_band[size_t(g)] && !kept[size_t(g)]) {
+          kept[size_t(g)] = true;
+          ++chosen;
+        }
+      }
+      if (chosen > need) {
+        why = "more tied groups kept than the band allows";
+        return false;
+      }
+      for (auto it = band.rbegin(); it != band.rend() && chosen < need; ++it)  // band: best group first
+        if (!kept[size_t(*it)]) {
+          kept[size_t(*it)] = true;
+          ++chosen;
+        }
       kept_sets.push_back(kept);
-    } while (std::next_permutation(pick.begin(), pick.end()));
+    } else {
+      std::vector<bool> pick(band.size(), false);
+      std::fill(pick.begin(), pick.begin() + need, true);
+      std::sort(pick.begin(), pick.end());
+      do {
+        std::vector<bool> kept(size_t(n_group), false);
+        for (int32_t g : sure) kept[size_t(g)] = true;
+        for (size_t i = 0; i < band.size(); ++i)
+          if (pick[i]) kept[size_t(band[i])] = true;
+        kept_sets.push_back(kept);
+      } while (std::next_permutation(pick.begin(), pick.end()));
+    }
   }
 
   for (const auto& kept : kept_sets) {
