@@ -32,6 +32,10 @@ struct Options {
   // Small batches routed by softmax: routing, dispatch and quantisation in one launch (up to 32
   // tokens), and the single-CTA dispatch (up to 2048 routes). Off: separate kernels, for comparison.
   bool fuse_small_batch = true;
+  // Batches on the register-loaded GEMM, routed from logits, fast combine: the routing kernel appends
+  // each route to its expert's bin (one atomic) and the GEMM reads the bins, so no dispatch kernel
+  // runs (a one-CTA clear kernel zeroes the bin counters first). Off: the count and dispatch kernels.
+  bool expert_bins = true;
   // FP8 promotion with a single accumulator rescaled in place at each 128-wide K block (x s_prev /
   // s_next) instead of a block accumulator added into a second one. Measured against the default
   // (docs/perf.md: slower, and worse in error: 2.4e-3 at K = 7168 against the 2e-3; the
@@ -59,7 +63,8 @@ struct Plan {
   // Workspace carve-up (byte offsets), sized for shape.tokens.
   struct Layout {
     size_t topk_ids, topk_weights, nan_flags, offsets, route_row, row_token, row_weight, x, x_scales, y,
-        gemm_queue, hit_list, token_masks, slice_counts, status, total;
+        gemm_queue, hit_list, token_masks, slice_counts, bin_counts, bin_token, bin_weight, status, total;
+    int64_t bin_stride;  // slots per expert bin (shape.tokens), 0 when the plan never uses the bins
     int64_t x_rows;  // activation rows the x and x_scales buffers hold (any batch of the plan fits)
   } layout{};
 };

@@ -345,6 +345,7 @@ void launch_route_dispatch_small(const RouteTopkParams& rp, const DispatchParams
     throw Error("route_dispatch_small: batch outside the fused kernel's range");
   if (dp.tokens != rp.tokens || dp.topk != rp.topk || dp.experts != rp.experts)
     throw Error("route_dispatch_small: route and dispatch shapes differ");
+  if (rp.bin_counts) throw Error("route_dispatch_small: expert bins are filled by launch_route_quant only");
   if (rp.tokens == 0) return;
   if (qp) {
     check_quant_gather(*qp);

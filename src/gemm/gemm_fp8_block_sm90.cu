@@ -1109,6 +1109,7 @@ void launch_gemm_fp8(const GemmFp8Params& p, const GemmFp8Config& cfg, const Dev
                      bool pdl) {
   if (cfg.x_source == XSource::token_fragments) return launch_gemm_fp8_regs(p, cfg, device, stream, pdl);
   if (cfg.x_evict_last) throw Error("fp8 GEMM: x_evict_last is for the register-loaded GEMM (token fragments) only");
+  if (p.expert_counts) throw Error("fp8 GEMM: expert bins are for the register-loaded GEMM (token fragments) only");
   if (p.n <= 0 || p.k <= 0 || p.n % 16 || p.k % 16)
     throw Error("fp8 GEMM: N and K must be positive multiples of 16 (got N=" + std::to_string(p.n) +
                 ", K=" + std::to_string(p.k) + ")");

@@ -127,6 +127,12 @@ struct GemmFp8Params {
   const int32_t* offsets = nullptr;        // [E+1]
   const int32_t* row_token = nullptr;      // [R] token of each expert-sorted row: the gather index
   const float* row_weight = nullptr;       // [R]
+  // Expert bins instead of sorted rows (the register-loaded GEMM only): expert e's rows are
+  // row_token / row_weight [e * expert_stride, + min(expert_counts[e * kBinCountStride],
+  // expert_stride)), in any order (RouteTopkParams::bin_counts); offsets are then not read and may
+  // be null. Atomic combine only.
+  const int32_t* expert_counts = nullptr;  // [E * kBinCountStride]
+  int expert_stride = 0;
   float* out = nullptr;                    // atomic: [T, N] (zeroed before); store: [R, N]
   // GemmFp8Config::dynamic: two int32 words, zero when the kernel starts; it leaves them zero when
   // it completes (the pipeline also clears them in the kernel before the GEMM, so a run never

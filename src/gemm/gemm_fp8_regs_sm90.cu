@@ -102,7 +102,8 @@ struct alignas(1024) Smem {
   uint64_t full[kStages];
   uint64_t empty[kStages];
   int32_t tile_start[kMaxTileExperts + 1];  // row tiles of the experts before e (tile_start[E]: all)
-  int32_t expert_row[kMaxTileExperts + 1];  // the offsets: expert e's rows are [expert_row[e], expert_row[e + 1])
+  int32_t expert_row[kMaxTileExperts];  // expert e's rows are [expert_row[e], expert_end[e])
+  int32_t expert_end[kMaxTileExperts];
   UnitMeta meta[kMetaSlots];
   uint64_t meta_full[kMetaSlots];   // the loader warp's 32 lanes, after their stores
   uint64_t meta_empty[kMetaSlots];  // every consumer thread and warp 2's lanes, after their last read of the unit
@@ -115,6 +116,8 @@ struct Args {
   int64_t x_rows;
   const float* weight_scales;
   const int32_t* offsets;
+  const int32_t* counts;  // expert bins (GemmFp8Params::expert_counts) or nullptr: offsets
+  int stride;             // GemmFp8Params::expert_stride
   const int32_t* row_token;
   const float* row_weight;
   float* out;
@@ -150,15 +153,17 @@ __device__ __forceinline__ Unit decode(const Smem& s, const Args& a, int u) {
   return Unit{lo, tile - s.tile_start[lo], (u - tile * cols) * Shape<kWide>::kBlocks};
 }
 
-// tile_start from the offsets: ceil(rows / tile rows) tiles per expert, an exclusive scan by warp 0.
+// tile_start from the offsets or bin counts: ceil(rows / tile rows) tiles per expert, an exclusive
+// scan by warp 0.
 template <bool kWide>
 __device__ __forceinline__ void build_tile_starts(Smem& s, const Args& a) {
   constexpr int kRows = Shape<kWide>::kRows;
   for (int e = threadIdx.x; e < a.experts; e += blockDim.x) {
-    const int begin = __ldg(a.offsets + e), rows = __ldg(a.offsets + e + 1) - begin;
+    const int begin = a.counts ? e * a.stride : __ldg(a.offsets + e);
+    const int rows = a.counts ? min(__ldg(a.counts + e * kBinCountStride), a.stride) : __ldg(a.offsets + e + 1) - begin;
     s.tile_start[e + 1] = (rows + kRows - 1) / kRows;
     s.expert_row[e] = begin;
-    if (e == a.experts - 1) s.expert_row[e + 1] = begin + rows;
+    s.expert_end[e] = begin + rows;
   }
   __syncthreads();
   if (threadIdx.x < 32) {
@@ -317,7 +322,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         } else {
           const Unit unit = decode<kWide>(s, a, u);
           const int begin = s.expert_row[unit.expert] + unit.tile * Sh::kRows;
-          const int rows = min(Sh::kRows, s.expert_row[unit.expert + 1] - begin);
+          const int rows = min(Sh::kRows, s.expert_end[unit.expert] - begin);
           for (int i = lane; i < kTileRows; i += 32) {
             m.token[i] = i < rows ? __ldg(a.row_token + begin + i) : 0;
             m.weight[i] = i < rows ? __ldg(a.row_weight + begin + i) : 0.0f;
@@ -568,8 +573,14 @@ void launch_gemm_fp8_regs(const GemmFp8Params& p, const GemmFp8Config& cfg, cons
                 "rotate), got " + std::to_string(p.k));
   if (int64_t(p.experts) * p.n >= (int64_t(1) << 31) || p.x_rows <= 0 || p.x_rows * p.k >= (int64_t(1) << 31))
     throw Error(who + "sizes exceed the kernel's 32-bit coordinates");
-  if (!p.weights || !p.weight_scales || !p.x || !p.x_scales || !p.offsets || !p.row_token || !p.row_weight || !p.out)
+  if (!p.weights || !p.weight_scales || !p.x || !p.x_scales || !(p.offsets || p.expert_counts) || !p.row_token ||
+      !p.row_weight || !p.out)
     throw Error(who + "null device pointer");
+  if (p.expert_counts && p.combine != CombineMode::atomic)
+    throw Error(who + "expert bins hold no sorted row index for the store epilogue: atomic combine only");
+  if (p.expert_counts && (p.expert_stride <= 0 || int64_t(p.experts) * p.expert_stride >= (int64_t(1) << 31)))
+    throw Error(who + "expert bins need a positive stride with experts * stride below 2^31, got stride " +
+                std::to_string(p.expert_stride));
   if (reinterpret_cast<uintptr_t>(p.x) % 16 || reinterpret_cast<uintptr_t>(p.x_scales) % 4)
     throw Error(who + "the activation rows must be 16-byte aligned");
   if (p.x_scale_layout != ScaleLayout::group_major) throw Error(who + "reads group-major activation scales");
@@ -578,7 +589,8 @@ void launch_gemm_fp8_regs(const GemmFp8Params& p, const GemmFp8Config& cfg, cons
     throw Error(who + "takes none of split-K, balanced shares, the dynamic tail, the hand-off epilogue, the "
                       "rescale promotion, the bulk-combine option (its atomic combine is always by bulk "
                       "reductions) or an activation eviction hint: " + cfg.str());
-  Args a{p.x, p.x_scales, p.x_rows, p.weight_scales, p.offsets, p.row_token, p.row_weight, p.out,
+  Args a{p.x, p.x_scales, p.x_rows, p.weight_scales, p.offsets, p.expert_counts, p.expert_stride, p.row_token,
+         p.row_weight, p.out,
          p.experts, p.n, p.k, (p.n + kTileCols - 1) / kTileCols, p.k / kBlockK,
          p.combine == CombineMode::atomic ? 1 : 0, cfg.weights_evict_first ? 1 : 0, cfg.x_evict_last ? 1 : 0};
   const CUtensorMap map = make_tensor_map_2d(p.weights, CU_TENSOR_MAP_DATA_TYPE_UINT8, 1,

@@ -18,6 +18,10 @@
 //                -> fast: out[T,N] += w * (x . W^T) (atomic vector reductions)
 //                -> deterministic: y[R,N] = w * (x . W^T) (plain stores, no atomics)
 //   combine    y, route_row (deterministic only) -> out[t,:] = sum over slots j, in order, of y[route_row[t,j],:]
+//   bins       (instead of dispatch: routes from logits, register-loaded GEMM, fast combine) a clear
+//              kernel zeroes bin_counts and status; the routing appends each route to its expert's
+//              bin: bin_counts[e * kBinCountStride] rows, bin_token / bin_weight[e * stride + slot]
+//              in atomic order; the GEMM reads them in place of offsets / row_token / row_weight
 //
 // Launches (moe_pipeline.cpp, Chain): route+quantise share a launch, or route+dispatch+quantise for
 // small softmax batches, or dispatch+quantise share one after the routing.
@@ -31,6 +35,10 @@
 #include "loom/status.hpp"  // LayerStatus: written by the dispatch kernel every run (plain stores)
 
 namespace loom {
+
+// int32 words from one expert's bin counter to the next: a 128-byte line each. The routing's
+// returning atomics on counters that share a line queue at one L2 slice.
+inline constexpr int kBinCountStride = 32;
 
 inline constexpr int64_t round_up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
 inline constexpr int64_t padded_rows(int64_t routes) { return round_up(routes, 4); }

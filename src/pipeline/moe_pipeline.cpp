@@ -11,6 +11,7 @@
 #include "common/device_info.hpp"
 #include "dispatch/dispatch_quant_sm90.cuh"
 #include "dispatch/dispatch_sm90.cuh"
+#include "dispatch/expert_bins_clear_sm90.cuh"
 #include "dispatch/route_dispatch_small_sm90.cuh"
 #include "gemm/combine_rows_sm90.cuh"
 #include "gemm/gemm_fp8_block_sm90.cuh"
@@ -59,6 +60,16 @@ int64_t largest_sorted_batch(const Shape& s, const Options& o, int64_t tokens) {
   for (int64_t t = std::min(tokens, all_fragments_from); t > kGatherMaxTokens; --t)
     if (!fragments(t)) return t;
   return 0;
+}
+
+// Whether some batch of at most `tokens` routes into expert bins (Options::expert_bins): the fast
+// combine on the register-loaded GEMM, which batches take from a rows-per-expert threshold up to
+// the kernel's 32-bit limit (use_token_fragments), so checking the largest batch below that limit
+// suffices.
+bool plan_uses_bins(const Shape& s, const Options& o, int64_t tokens) {
+  if (!o.expert_bins || o.deterministic || !token_fragments_allowed(o)) return false;
+  const int64_t below_limit = std::min(tokens, ((int64_t(1) << 31) - 1) / std::max<int64_t>(s.hidden, 1));
+  return use_token_fragments(below_limit, s.topk, s.experts, s.hidden);
 }
 
 // Buffers start on 1 KiB boundaries (TMA needs 16 B; 1 KiB keeps every carve-up simple).
@@ -123,6 +134,11 @@ Plan plan(const Shape& s, const Routing& r, const Options& o) {
   L.hit_list = carve(c, size_t(s.experts + 1) * 16);  // experts with rows, from the fused small kernel
   L.token_masks = carve(c, size_t((T + 31) / 32) * size_t(s.experts) * 4);  // routing -> dispatch+quantise
   L.slice_counts = carve(c, dispatch_slice_count_bytes(T, s.topk, s.experts));  // multi-CTA dispatch
+  // Expert bins: T slots per expert (ids are distinct per token, so no bin overflows).
+  L.bin_stride = plan_uses_bins(s, o, T) ? T : 0;
+  L.bin_counts = carve(c, L.bin_stride > 0 ? size_t(s.experts) * kBinCountStride * 4 : 0);
+  L.bin_token = carve(c, size_t(s.experts) * size_t(L.bin_stride) * 4);
+  L.bin_weight = carve(c, size_t(s.experts) * size_t(L.bin_stride) * 4);
   L.status = carve(c, sizeof(LayerStatus));
   L.total = c;
   L.x_rows = x_rows;
@@ -143,7 +159,9 @@ std::string describe(const Plan& p) {
     << "kernels (GEMM loading rows by token into registers, from " << kTokenFragmentsMinRowsPerExpert
     << " routed rows per expert, and in 64 x 256 tiles from " << kWideTilesRowsPerExpert[0] << " to "
     << kWideTilesRowsPerExpert[1] << "): route + quantise (token order, codes in wgmma A-fragment order) in one launch -> "
-       "dispatch (a per-slice count kernel, then the dispatch) -> GEMM\n"
+       "dispatch (a per-slice count kernel, then the dispatch) -> GEMM; with the fast combine and expert bins "
+       "(routes from logits), a one-CTA counter clear -> route + quantise + append each route to its expert's "
+       "bin -> GEMM reading the bins, no dispatch kernel\n"
     << "kernels (GEMM on sorted rows): route -> dispatch + quantise+gather into expert order in one launch (every "
        "CTA builds the layout from token masks; up to E * ceil(T/32) mask words in shared memory, else dispatch "
        "(a per-slice count kernel, then the dispatch) and quantise+gather; "
@@ -155,6 +173,8 @@ std::string describe(const Plan& p) {
     << "\n"
     << "launch: " << (p.options.pdl ? "programmatic dependent launch" : "plain stream order")
     << (p.options.debug_checks ? ", debug checks after each run" : "") << "\n"
+    << "expert bins: " << (p.layout.bin_stride > 0 ? std::to_string(p.layout.bin_stride) + " slots per expert"
+                                                    : std::string("not used by this plan")) << "\n"
     << "workspace: " << p.layout.total << " bytes\n";
   return o.str();
 }
@@ -173,6 +193,10 @@ Chain chain_for(const Plan& p, int64_t tokens, bool from_logits) {
   c.sorted_rows = gemm_config_for(s, p.options, tokens, dev).x_source == XSource::sorted_rows;
   c.fused_route_dispatch = fused_route_dispatch(p, tokens, from_logits);
   c.quant_with_route = from_logits && !c.sorted_rows;
+  // Expert bins: the register-loaded GEMM reads each expert's rows from the bins the routing fills.
+  c.expert_bins = from_logits && !c.sorted_rows && !c.fused_route_dispatch && !p.options.deterministic &&
+                  p.layout.bin_stride >= tokens &&
+                  gemm_config_for(s, p.options, tokens, dev).x_source == XSource::token_fragments;
   // Routes from logits have distinct ids per token, which the fused kernel's token masks need.
   c.dispatch_with_quant = from_logits && c.sorted_rows && !c.fused_route_dispatch &&
                           dispatch_quant_fits(tokens, s.topk, s.experts);
@@ -186,7 +210,8 @@ Chain chain_for(const Plan& p, int64_t tokens, bool from_logits) {
 std::string Chain::dispatch_label() const { return dispatch_with_quant ? "dispatch+quant" : "dispatch"; }
 
 std::string Chain::route_label() const {
-  return std::string("route") + (fused_route_dispatch ? "+dispatch" : "") + (quant_with_route ? "+quant" : "");
+  return std::string(expert_bins ? "clear+route" : "route") + (fused_route_dispatch ? "+dispatch" : "") +
+         (quant_with_route ? "+quant" : "") + (expert_bins ? "+bins" : "");
 }
 
 void run(const Plan& p, const Weights& w, const Inputs& in, void* output, void* workspace, cudaStream_t stream) {
@@ -287,7 +312,22 @@ void run_stages(const Plan& p, const Weights& w, const Inputs& in, void* output,
   // batches also dispatch in it); from precomputed top-k ids, quantise then dispatch. Sorted rows:
   // routing, dispatch, then the quantisation that writes each token to its sorted rows.
   const bool quant_rides_with_route = chain.quant_with_route;
-  if (from_logits && do_route) {
+  RouteTopkParams rp_bins = rp;
+  if (chain.expert_bins) {
+    rp_bins.bin_counts = at<int32_t>(workspace, L.bin_counts);
+    rp_bins.bin_token = at<int32_t>(workspace, L.bin_token);
+    rp_bins.bin_weight = at<float>(workspace, L.bin_weight);
+    rp_bins.bin_stride = int(L.bin_stride);
+    rp_bins.status = status;
+  }
+  if (from_logits && do_route && chain.expert_bins) {
+    ExpertBinsClearParams bc;
+    bc.bin_counts = rp_bins.bin_counts;
+    bc.status = status;
+    bc.experts = E;
+    launch_expert_bins_clear(bc, stream, pdl);
+    launch_route_quant(rp_bins, qp, stream, pdl);
+  } else if (from_logits && do_route) {
     if (fused)
       launch_route_dispatch_small(rp, dp, quant_rides_with_route ? &qp : nullptr, stream, pdl);
     else if (quant_rides_with_route)
@@ -296,7 +336,7 @@ void run_stages(const Plan& p, const Weights& w, const Inputs& in, void* output,
       launch_route_topk(rp, stream, pdl);
   }
   if (!quant_rides_with_route && !sorted && do_quant) launch_quant_gather(qp, stream, pdl);
-  if (!fused && do_dispatch) {
+  if (!fused && !chain.expert_bins && do_dispatch) {
     if (chain.dispatch_with_quant)
       // With do_route, the routing kernel was launched just before: it waits before it triggers us.
       launch_dispatch_quant(dp, qp, p.sm_count, stream, pdl, do_route);
@@ -324,6 +364,13 @@ void run_stages(const Plan& p, const Weights& w, const Inputs& in, void* output,
   gp.combine = p.options.deterministic ? CombineMode::store : CombineMode::atomic;
   gp.work_queue = gc.dynamic ? gemm_queue : nullptr;
   gp.hit_list = hit_list;
+  if (chain.expert_bins) {
+    gp.offsets = nullptr;
+    gp.expert_counts = rp_bins.bin_counts;
+    gp.expert_stride = rp_bins.bin_stride;
+    gp.row_token = rp_bins.bin_token;
+    gp.row_weight = rp_bins.bin_weight;
+  }
   if (do_gemm) launch_gemm_fp8(gp, gc, dev, stream, pdl);
 
   if (p.options.deterministic && all) {

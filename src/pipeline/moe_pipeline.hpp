@@ -27,6 +27,7 @@ struct Chain {
   bool sorted_rows;           // the GEMM reads an expert-sorted copy, quantised after the dispatch
   bool dispatch_with_quant;   // ... by the dispatch launch itself (routes from logits, masks fit)
   bool token_masks;           // ... which copies the token masks the routing kernel wrote, not counting ids
+  bool expert_bins;           // no dispatch kernel: the routing appends routes to expert bins the GEMM reads
   std::string route_label() const;     // what the routing launch does, e.g. "route+quant"
   std::string dispatch_label() const;  // "dispatch" or "dispatch+quant"
 };

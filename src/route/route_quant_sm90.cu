@@ -4,6 +4,7 @@
 #include <string>
 
 #include "common/launch.hpp"
+#include "pipeline/device_layout.hpp"
 #include "ptx/pdl.cuh"
 #include "quant/quant_gather_device.cuh"
 #include "route/route_topk_device.cuh"
@@ -18,6 +19,26 @@ constexpr int kThreads = kWarpsPerCta * 32;
 // (quant_token_order_body): T=4096 / 8192 e2e 194.8 / 312.2 us against 199.6 / 321.0 with one pass,
 // 195.9 / 312.7 with four (docs/perf.md, thirteenth session).
 constexpr int kQuantPasses = 2;
+
+// The token's k routes into their experts' bins (RouteTopkParams::bin_counts): one returning atomic
+// per route; the status counters were zeroed by the clear kernel before this launch.
+__device__ __forceinline__ void append_to_bins(const RouteTopkParams& rp, int64_t token, int lane, int32_t id,
+                                               float weight, bool has_nan) {
+  if (lane < rp.topk) {
+    bool kept = false;
+    if (unsigned(id) < unsigned(rp.experts)) {
+      const int slot = atomicAdd(rp.bin_counts + id * kBinCountStride, 1);
+      if (slot < rp.bin_stride) {
+        const int64_t at = int64_t(id) * rp.bin_stride + slot;
+        rp.bin_token[at] = int32_t(token);
+        rp.bin_weight[at] = weight;
+        kept = true;
+      }
+    }
+    if (!kept) atomicAdd(&rp.status->dropped_routes, 1u);
+  }
+  if (lane == 0 && has_nan) atomicAdd(&rp.status->nan_tokens, 1u);
+}
 
 template <int V, bool kSigmoid>
 __global__ void __launch_bounds__(kThreads, 1) route_quant_kernel(const RouteTopkParams rp, const QuantGatherParams qp,
@@ -39,8 +60,11 @@ __global__ void __launch_bounds__(kThreads, 1) route_quant_kernel(const RouteTop
     float weight;
     // This launch runs for the token_fragments GEMM (T >= 960 on the preset): issue-bound, so the
     // two-best ranking.
-    if (token < rp.tokens)
-      route_detail::route_one_token<V, kSigmoid, kWarpsPerCta, true>(rp, token, lane, warp, id, weight);
+    if (token < rp.tokens) {
+      const bool has_nan =
+          route_detail::route_one_token<V, kSigmoid, kWarpsPerCta, true>(rp, token, lane, warp, id, weight);
+      if (rp.bin_counts) append_to_bins(rp, token, lane, id, weight, has_nan);
+    }
   } else {
     const int64_t block = int64_t(blockIdx.x) - route_ctas, blocks = int64_t(gridDim.x) - route_ctas;
     const int64_t tid = block * kThreads + threadIdx.x, nth = blocks * kThreads;

@@ -4,7 +4,8 @@
 // issues fewer instructions), and the remaining CTAs quantise to the same codes and scales as
 // launch_quant_gather with route_row = nullptr (two passes per warp at a time), and clear the fast
 // combine's output. One launch instead of two takes a kernel boundary off the chain before the
-// dispatch.
+// dispatch. With expert bins (RouteTopkParams::bin_counts) the routing warps also append their
+// routes to the bins, and no dispatch kernel runs at all: the register-loaded GEMM reads the bins.
 #pragma once
 
 #include <cuda_runtime.h>

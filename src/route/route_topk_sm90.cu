@@ -139,10 +139,15 @@ void check_route_topk(const RouteTopkParams& p) {
   validate(p.routing, shape);
   if (p.tokens > 0 && (!p.logits || !p.topk_ids || !p.topk_weights || !p.nan_flags))
     throw Error("route_topk: null device pointer");
+  if (p.bin_counts && (!p.bin_token || !p.bin_weight || !p.status || p.bin_stride < p.tokens ||
+                       int64_t(p.experts) * p.bin_stride >= (int64_t(1) << 31)))
+    throw Error("route_topk: expert bins need bin_token, bin_weight, status and a stride of at least T = " +
+                std::to_string(p.tokens) + " with E * stride below 2^31 (got " + std::to_string(p.bin_stride) + ")");
 }
 
 void launch_route_topk(const RouteTopkParams& p, cudaStream_t stream, bool pdl) {
   check_route_topk(p);
+  if (p.bin_counts) throw Error("route_topk: expert bins are filled by launch_route_quant only");
   if (p.tokens == 0) return;
 
   int slots = 1;  // per lane: ceil(E / 32) rounded up to a power of two

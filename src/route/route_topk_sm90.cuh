@@ -16,6 +16,7 @@
 
 #include <cstdint>
 
+#include "loom/status.hpp"
 #include "loom/types.hpp"
 
 namespace loom {
@@ -33,6 +34,19 @@ struct RouteTopkParams {
   // dispatch+quantise kernel's token masks, so it need not count the ids). Every word is written,
   // bits of tokens >= T are 0. The routing's ids are always distinct and in [0, E).
   uint32_t* token_masks = nullptr;
+  // Optional expert bins, the register-loaded GEMM's rows without a dispatch kernel (launch_route_quant
+  // only): lane j < k of token t appends the route to the bin of its expert e,
+  //   slot = atomicAdd(bin_counts + e * kBinCountStride, 1); bin_token[e * bin_stride + slot] = t,
+  // bin_weight[...] = weight, so a bin's order is whatever the atomics give. The E counters
+  // (bin_counts[E * kBinCountStride], device_layout.hpp) and *status must be zero before the
+  // launch (launch_expert_bins_clear); tokens with a NaN logit are counted into status->nan_tokens,
+  // and a route without room (impossible: ids are distinct per token and bin_stride >= T) into
+  // status->dropped_routes.
+  int32_t* bin_counts = nullptr;  // [E * kBinCountStride]
+  int32_t* bin_token = nullptr;   // [E, bin_stride]
+  float* bin_weight = nullptr;    // [E, bin_stride]
+  int bin_stride = 0;
+  LayerStatus* status = nullptr;
   int tokens = 0, experts = 0, topk = 0;
   Routing routing;
 };

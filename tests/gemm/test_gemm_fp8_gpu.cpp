@@ -9,6 +9,7 @@
 
 #include "bench/device_buffer.hpp"
 #include "common/device_info.hpp"
+#include "common/rng.hpp"
 #include "dispatch/dispatch_ref.hpp"
 #include "gemm/gemm_fp8_block_sm90.cuh"
 #include "gemm/gemm_ref.hpp"
@@ -199,6 +200,49 @@ void run_case(const GemmCase& c, CombineMode mode, uint64_t seed) {
       EXPECT_LE(e.worst_row, 1e-2) << "worst " << (mode == CombineMode::atomic ? "token" : "sorted") << " row "
                                    << e.worst_row_index;
     }
+  // Expert bins (what the routing fills for the fast combine): each expert's rows in a bin of its
+  // own, stride beyond the most rows, in a shuffled order; the slots past a bin's count hold token 0
+  // with a NaN weight, which would poison the output if the kernel read them.
+  if (frag_ok && mode == CombineMode::atomic) {
+    const int stride = int(s.tokens) + 3;
+    std::vector<int32_t> counts(size_t(s.experts) * kBinCountStride, -1), bin_token(size_t(s.experts * stride), 0);
+    std::vector<float> bin_weight(size_t(s.experts * stride), NAN);
+    Rng shuffle(seed + 3);
+    for (int64_t e = 0; e < s.experts; ++e) {
+      const int32_t first = d.offsets[size_t(e)], n = d.offsets[size_t(e + 1)] - first;
+      counts[size_t(e) * kBinCountStride] = n;  // the words between counters: -1, never read
+      std::vector<int32_t> order(static_cast<size_t>(n));
+      for (int32_t i = 0; i < n; ++i) order[size_t(i)] = i;
+      for (int32_t i = n - 1; i > 0; --i) std::swap(order[size_t(i)], order[size_t(shuffle.below(uint64_t(i) + 1))]);
+      for (int32_t i = 0; i < n; ++i) {
+        bin_token[size_t(e * stride + i)] = row_token[size_t(first + order[size_t(i)])];
+        bin_weight[size_t(e * stride + i)] = row_weight[size_t(first + order[size_t(i)])];
+      }
+    }
+    DeviceBuffer dcounts = DeviceBuffer::from(counts), dbtok = DeviceBuffer::from(bin_token),
+                 dbwt = DeviceBuffer::from(bin_weight);
+    p.offsets = nullptr;
+    p.expert_counts = dcounts.as<int32_t>();
+    p.expert_stride = stride;
+    p.row_token = dbtok.as<int32_t>();
+    p.row_weight = dbwt.as<float>();
+    for (const bool wide : {false, true}) {
+      if (wide && K % 256 != 0) continue;
+      GemmFp8Config cfg;
+      cfg.x_source = XSource::token_fragments;
+      cfg.wide_tiles = wide;
+      SCOPED_TRACE(cfg.str() + ", expert bins");
+      got = launch(cfg, true);
+      const ErrorStats e = relative_error(got.data(), ref.data(), out_rows, N);
+      EXPECT_LE(e.overall, 2e-3);
+      EXPECT_LE(e.worst_row, 1e-2) << "worst token row " << e.worst_row_index;
+    }
+    p.offsets = doff.as<int32_t>();
+    p.expert_counts = nullptr;
+    p.expert_stride = 0;
+    p.row_token = dtok.as<int32_t>();
+    p.row_weight = dwt.as<float>();
+  }
   // Every unit walk (dense / compact, round robin / balanced shares / dynamic queue) and split-K
   // setting computes the same product.
   if (mode == CombineMode::atomic) {

@@ -13,6 +13,7 @@
 #include "pipeline/device_layout.hpp"
 #include "pipeline/gpu_reference.cuh"
 #include "pipeline/layer_ref.hpp"
+#include "pipeline/moe_pipeline.hpp"
 #include "test_seed.hpp"
 #include "workload/workload.hpp"
 
@@ -315,6 +316,38 @@ TEST(PipelineGpu, BadDeviceDataIsCountedNotFatal) {
   for (float v : out) ASSERT_TRUE(std::isfinite(v));
   const TopK ref = route_ref(logits.data(), 16, 8, 2, hn.routing);
   expect_close(out, layer_ref(hn.weights, hn.hidden.data(), ref).out, 16, 128);
+}
+
+// Batches on the register-loaded GEMM routed from logits take the expert bins (no dispatch kernel):
+// the bins' counters are cleared by each run (three runs in a row, the workspace 0xff at first),
+// NaN tokens are counted into the status, and the output matches the reference, as it does with
+// the option off (the dispatch kernels).
+TEST(PipelineGpu, ExpertBinsRunAfterRunWithNanTokens) {
+  LOOM_REQUIRE_GPU();
+  LOOM_FRESH_SEED();
+  for (const bool bins : {true, false}) {
+    SCOPED_TRACE(bins ? "expert bins" : "dispatch kernels");
+    Options o;
+    o.expert_bins = bins;
+    Harness hs({1024, 512, 128, 8, 2, "random"}, seed, o);
+    ASSERT_EQ(chain_for(hs.plan, hs.shape.tokens, true).expert_bins, bins);
+    EXPECT_EQ(hs.plan.layout.bin_stride, bins ? hs.shape.tokens : 0);
+    std::vector<float> logits = hs.routes.logits;
+    for (int e = 0; e < 8; ++e) logits[size_t(70 * 8 + e)] = NAN;  // token 70: all NaN
+    logits[size_t(901 * 8 + 5)] = NAN;                            // token 901: one NaN
+    hs.logits = DeviceBuffer::from(logits);
+    const TopK ref_routes = route_ref(logits.data(), hs.shape.tokens, 8, 2, hs.routing);
+    const std::vector<double> ref = layer_ref(hs.weights, hs.hidden.data(), ref_routes).out;
+    for (int r = 0; r < 3; ++r) {
+      SCOPED_TRACE(testing::Message() << "run " << r);
+      const std::vector<float> out = hs.run_once();
+      const LayerStatus st = read_status(hs.plan, hs.ws.get(), nullptr);
+      EXPECT_EQ(st.nan_tokens, 2u);
+      EXPECT_EQ(st.dropped_routes, 0u);
+      EXPECT_EQ(hs.device_routes().ids, ref_routes.ids);
+      expect_close(out, ref, hs.shape.tokens, hs.shape.inter);
+    }
+  }
 }
 
 TEST(PipelineGpu, PlanRejectsWhatTheGpuPathCannotRun) {

@@ -50,6 +50,8 @@ bench options:
   --deterministic        bitwise-reproducible combine (no float atomics)
   --no-pdl --eager --no-fuse   switch off programmatic dependent launch / graph replay (time
                          eager launches) / the fused small-batch route+dispatch kernels
+  --no-bins              the count and dispatch kernels instead of the routing's expert bins
+                         (register-loaded GEMM batches)
   --prefetch             L2-prefetch each GEMM CTA's first weight tile before the PDL wait
   --rescale-promotion    FP8 promotion by one accumulator rescaled in place (experiment)
   --bulk-combine         fast combine by cp.reduce.async.bulk rows instead of red.v4 (experiment)
@@ -123,7 +125,7 @@ int cmd_bench(int argc, char** argv) {
   std::set<std::string> valued = kWorkloadFlags;
   valued.insert({"reps", "warmup", "json", "csv", "max-copies", "max-cpu-gflop", "trace-chain"});
   const Args a(rest(argc, argv), valued,
-               {"no-renorm", "sweep", "no-sol", "deterministic", "no-pdl", "eager", "prefetch", "no-check", "no-fuse",
+               {"no-renorm", "sweep", "no-sol", "deterministic", "no-pdl", "eager", "prefetch", "no-check", "no-fuse", "no-bins",
                 "rescale-promotion", "bulk-combine"});
   const Workload w = parse_workload(a);
   loom::bench::BenchOptions opt;
@@ -145,6 +147,7 @@ int cmd_bench(int argc, char** argv) {
   opt.layer.pdl = !a.has("no-pdl");
   opt.layer.prefetch_weights = a.has("prefetch");
   opt.layer.fuse_small_batch = !a.has("no-fuse");
+  opt.layer.expert_bins = !a.has("no-bins");
   opt.layer.rescale_promotion = a.has("rescale-promotion");
   opt.layer.bulk_combine = a.has("bulk-combine");
   opt.timer.graph = !a.has("eager");
