@@ -191,8 +191,8 @@ std::string to_table(const std::vector<Record>& records) {
   }
   for (const Record& r : records) {
     std::string parts;
-    for (const char* name : {"route", "route+quant", "route+dispatch", "route+dispatch+quant", "dispatch", "dispatch+quant", "quant",
-                             "glue_chain"})
+    for (const char* name : {"route", "route+quant", "route+dispatch", "route+dispatch+quant", "clear+route+quant+bins",
+                             "dispatch", "dispatch+quant", "quant", "glue_chain"})
       if (const Timed* t = r.find(name)) parts += std::string(parts.empty() ? "" : ", ") + name + " " + fmt("%.1f", t->cold.median_us);
     if (!parts.empty()) o << "stages alone (T=" << r.shape.tokens << ", us): " << parts << "\n";
   }
