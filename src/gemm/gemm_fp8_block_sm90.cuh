@@ -73,9 +73,10 @@ struct GemmFp8Config {
   // Each CTA takes an equal share of all (unit, K block) pairs, cutting units at any K block
   // (atomic combine only; replaces split_k): no CTA streams a whole unit more than another.
   bool balanced = false;
-  // Sorted rows only: units go round robin but for the last round's worth, which CTAs take from a
-  // global queue (GemmFp8Params::work_queue) as they finish, so no CTA is left with a whole unit
-  // more than the others at the end (units of unequal width, SMs that stream at unequal rates).
+  // Sorted rows and token fragments: units go round robin but for the last round's worth, which
+  // CTAs take from a global queue (GemmFp8Params::work_queue) as they finish, so no CTA is left
+  // with a whole unit more than the others at the end (units of unequal width, SMs that stream at
+  // unequal rates).
   bool dynamic = false;
   XSource x_source = XSource::gather_by_token;  // what GemmFp8Params::x holds
   // Promotion: false = block accumulator added into a final one (scaled), true = one accumulator

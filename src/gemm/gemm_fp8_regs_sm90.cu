@@ -64,6 +64,7 @@ struct UnitMeta {
   float wscale[kMaxK / kBlockK];
   float wscale2[kMaxK / kBlockK];  // wide tiles: the second weight block's
   int32_t row0, rows, nb;  // first sorted row, rows in the tile (0..128), weight block; rows < 0: the end
+  int32_t expert;          // the weight producer's dynamic units read it here
 };
 
 // Tile shapes (the kernel's template argument):
@@ -125,7 +126,13 @@ struct Args {
   int atomic;
   int weights_evict_first;  // GemmFp8Config::weights_evict_first
   int x_evict_last;         // GemmFp8Config::x_evict_last
+  int32_t* queue;           // dynamic tail (GemmFp8Config::dynamic): two words, zero at launch; nullptr: round robin
 };
+
+// Dynamic tail: round robin up to the last kDynamicRounds rounds' worth of units, which CTAs then
+// take from a global queue as they finish (SMs stream at unequal rates, and units do not divide
+// evenly among the CTAs).
+constexpr int kDynamicRounds = 1;
 
 using StageCursor = PipelineState<kStages>;
 using MetaCursor = PipelineState<kMetaSlots>;
@@ -286,6 +293,9 @@ __global__ void __launch_bounds__(kThreads, 1)
   ptx::pdl_wait();
   build_tile_starts<kWide>(s, a);  // its barriers also publish the mbarrier initialisation
   const int units = s.tile_start[a.experts] * unit_columns<kWide>(a);
+  // Units below static_end go round robin; the rest come from the queue (none without one).
+  const int static_end =
+      a.queue != nullptr ? max(1, units / int(gridDim.x) - kDynamicRounds) * int(gridDim.x) : INT32_MAX;
 
   const int warpgroup = threadIdx.x / 128;
   if (warpgroup == 0) {
@@ -293,8 +303,23 @@ __global__ void __launch_bounds__(kThreads, 1)
     if (threadIdx.x == 0) {
       StageCursor st;
       const uint64_t evict_first = ptx::l2_policy_evict_first();
-      for (int u = blockIdx.x; u < units; u += gridDim.x) {
-        const Unit unit = decode<kWide>(s, a, u);
+      // Round-robin units it decodes itself (no wait for the unit loader at the start); the queue's
+      // units it reads from the loader's records, whose slots cannot be refilled before it has: a
+      // record is freed only once the consumers have taken every stage of its unit.
+      MetaCursor mc;
+      for (int u = blockIdx.x;;) {
+        Unit unit;
+        if (u < static_end) {
+          if (u >= units) break;
+          unit = decode<kWide>(s, a, u);
+          u += gridDim.x;
+        } else {
+          ptx::mbar_wait(&s.meta_full[mc.stage], mc.phase);
+          const UnitMeta& m = s.meta[mc.stage];
+          if (m.rows < 0) break;
+          unit = Unit{m.expert, 0, m.nb};
+        }
+        mc.advance();
         for (int kb = 0; kb < a.kblocks; ++kb)
 #pragma unroll
           for (int j = 0; j < Sh::kBlocks; ++j) {
@@ -311,10 +336,12 @@ __global__ void __launch_bounds__(kThreads, 1)
           }
       }
     } else if (threadIdx.x / 32 == 1) {
-      // Warp 1: each unit's rows (tokens, top-k weights) and weight scales into the meta ring.
+      // Warp 1: each unit's rows (tokens, top-k weights) and weight scales into the meta ring; it
+      // walks the units, fetching each queue index one unit ahead so that the atomic's round trip
+      // hides behind the current unit.
       const int lane = threadIdx.x % 32;
       MetaCursor mc;
-      for (int u = blockIdx.x;; u += gridDim.x) {
+      for (int u = blockIdx.x;;) {
         ptx::mbar_wait(&s.meta_empty[mc.stage], mc.phase ^ 1);
         UnitMeta& m = s.meta[mc.stage];
         if (u >= units) {
@@ -337,11 +364,28 @@ __global__ void __launch_bounds__(kThreads, 1)
             m.row0 = begin;
             m.rows = rows;
             m.nb = unit.nb;
+            m.expert = unit.expert;
           }
         }
         ptx::mbar_arrive(&s.meta_full[mc.stage]);  // release: this lane's stores
         mc.advance();
         if (u >= units) break;
+        if (u + int(gridDim.x) < static_end) {
+          u += gridDim.x;
+        } else {
+          int next = 0;
+          if (lane == 0) next = static_end + atomicAdd(a.queue, 1);
+          u = __shfl_sync(0xffffffffu, next, 0);
+        }
+      }
+      if (a.queue != nullptr && lane == 0) {
+        // This CTA's last fetch has returned (it ended the walk) before it counts itself out; the
+        // last CTA out leaves the queue zero for the next launch.
+        __threadfence();
+        if (atomicAdd(a.queue + 1, 1) == int(gridDim.x) - 1) {
+          atomicExch(a.queue, 0);
+          atomicExch(a.queue + 1, 0);
+        }
       }
     } else if (threadIdx.x / 32 == 2) {
       // Warp 2: each stage's activation scales of the tile's 128 rows, by cp.async (completion
@@ -372,14 +416,16 @@ __global__ void __launch_bounds__(kThreads, 1)
         mc.advance();
       }
     } else if (threadIdx.x / 32 == 3 && a.atomic) {
-      // Warp 3: the combine. Units in the consumers' order; per unit, each warpgroup's block.
+      // Warp 3: the combine. Units in the consumers' order; per unit, each warpgroup's block, until
+      // both warpgroups stage the end of the walk (bytes < 0).
       const int lane = threadIdx.x % 32;
       uint32_t phase = 0;
-      for (int u = blockIdx.x; u < units; u += gridDim.x) {
+      for (bool end = false; !end;) {
         for (int c = 0; c < 2; ++c) {
           const OutStage& o = s.out[c];
           ptx::mbar_wait(&s.out_full[c], phase);
           const int bytes = o.bytes, col0 = o.col0;
+          end = bytes < 0;
           if (bytes > 0)
             for (int i = lane; i < 64; i += 32) {
               const int token = o.token[i];
@@ -550,6 +596,11 @@ __global__ void __launch_bounds__(kThreads, 1)
         if (ok && n < a.n) *reinterpret_cast<float4*>(dst + n) = make_float4(wt * v0, wt * v1, wt * v2, wt * v3);
       }
     }
+    if (a.atomic) {  // the end of the walk, for the combine warp
+      ptx::mbar_wait(&s.out_empty[consumer], out_phase ^ 1);
+      if (wg_thread == 0) s.out[consumer].bytes = -1;
+      ptx::mbar_arrive(&s.out_full[consumer]);
+    }
   }
   ptx::pdl_launch_dependents();
 }
@@ -584,15 +635,17 @@ void launch_gemm_fp8_regs(const GemmFp8Params& p, const GemmFp8Config& cfg, cons
   if (reinterpret_cast<uintptr_t>(p.x) % 16 || reinterpret_cast<uintptr_t>(p.x_scales) % 4)
     throw Error(who + "the activation rows must be 16-byte aligned");
   if (p.x_scale_layout != ScaleLayout::group_major) throw Error(who + "reads group-major activation scales");
-  if (cfg.split_k != 1 || cfg.balanced || cfg.dynamic || cfg.handoff_epilogue || cfg.rescale_promotion ||
-      cfg.bulk_combine || cfg.x_evict_first)
-    throw Error(who + "takes none of split-K, balanced shares, the dynamic tail, the hand-off epilogue, the "
-                      "rescale promotion, the bulk-combine option (its atomic combine is always by bulk "
-                      "reductions) or an activation eviction hint: " + cfg.str());
+  if (cfg.split_k != 1 || cfg.balanced || cfg.handoff_epilogue || cfg.rescale_promotion || cfg.bulk_combine ||
+      cfg.x_evict_first)
+    throw Error(who + "takes none of split-K, balanced shares, the hand-off epilogue, the rescale promotion, the "
+                      "bulk-combine option (its atomic combine is always by bulk reductions) or an activation "
+                      "eviction hint: " + cfg.str());
+  if (cfg.dynamic && !p.work_queue) throw Error(who + "the dynamic tail needs a work_queue");
   Args a{p.x, p.x_scales, p.x_rows, p.weight_scales, p.offsets, p.expert_counts, p.expert_stride, p.row_token,
          p.row_weight, p.out,
          p.experts, p.n, p.k, (p.n + kTileCols - 1) / kTileCols, p.k / kBlockK,
-         p.combine == CombineMode::atomic ? 1 : 0, cfg.weights_evict_first ? 1 : 0, cfg.x_evict_last ? 1 : 0};
+         p.combine == CombineMode::atomic ? 1 : 0, cfg.weights_evict_first ? 1 : 0, cfg.x_evict_last ? 1 : 0,
+         cfg.dynamic ? p.work_queue : nullptr};
   const CUtensorMap map = make_tensor_map_2d(p.weights, CU_TENSOR_MAP_DATA_TYPE_UINT8, 1,
                                              uint64_t(p.experts) * p.n, p.k, p.k, kTileCols, kBlockK, TmaSwizzle::b128);
   static_assert(sizeof(Smem) + 1024 <= 227 * 1024, "shared memory budget of one sm_90 CTA");

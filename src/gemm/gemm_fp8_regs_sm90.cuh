@@ -5,9 +5,11 @@
 // Tile: 128 of an expert's rows (two consumer warpgroups of 64) x 128 weight rows, over all of K;
 // or, wide (GemmFp8Config::wide_tiles), 64 rows x 256 weight rows, each consumer warpgroup one
 // 128-row weight block of the same 64 rows (a K block then fills two ring stages).
-// Producer warpgroup: warp 0 streams the weight tiles by TMA into a 4-stage ring; warp 1 loads
-// each unit's row tokens, top-k weights and weight scales into a ring of unit records two units
-// ahead; warp 2 copies each stage's activation scales of the tile's rows by cp.async; warp 3 is
+// Units (row tile, weight block) go round robin, the last round's worth from a global queue
+// (GemmFp8Config::dynamic). Producer warpgroup: warp 0 streams the weight tiles by TMA into a
+// 4-stage ring; warp 1 walks the units (it fetches the queue's) and loads each unit's row tokens,
+// top-k weights and weight scales into a ring of unit records two units ahead, from which warp 0
+// takes the queue's units; warp 2 copies each stage's activation scales of the tile's rows by cp.async; warp 3 is
 // the combine in atomic mode (below). Each
 // consumer thread loads its two rows' bytes for a K block straight from the token-order codes
 // into wgmma A-fragment registers (the quantiser lays them out for it: fragment_word,

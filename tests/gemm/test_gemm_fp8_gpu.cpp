@@ -184,15 +184,17 @@ void run_case(const GemmCase& c, CombineMode mode, uint64_t seed) {
     EXPECT_LE(e.worst_row, 1e-2) << "worst " << (mode == CombineMode::atomic ? "token" : "sorted") << " row "
                                  << e.worst_row_index;
   }
-  // Token rows on M, loaded into A-fragment registers (its own kernel, no options), both tile
-  // shapes, with and without PDL.
+  // Token rows on M, loaded into A-fragment registers (its own kernel), both tile shapes, with and
+  // without PDL, round robin and with the dynamic tail.
   if (frag_ok)
     for (const bool wide : {false, true})
-    for (const bool pdl : {false, true}) {
+    for (const bool pdl : {false, true})
+    for (const bool dynamic : {false, true}) {
       if (wide && K % 256 != 0) continue;  // wide tiles take an even number of K blocks
       GemmFp8Config cfg;
       cfg.x_source = XSource::token_fragments;
       cfg.wide_tiles = wide;
+      cfg.dynamic = dynamic;
       SCOPED_TRACE(cfg.str());
       got = launch(cfg, pdl);
       const ErrorStats e = relative_error(got.data(), ref.data(), out_rows, N);
@@ -231,6 +233,7 @@ void run_case(const GemmCase& c, CombineMode mode, uint64_t seed) {
       GemmFp8Config cfg;
       cfg.x_source = XSource::token_fragments;
       cfg.wide_tiles = wide;
+      cfg.dynamic = true;
       SCOPED_TRACE(cfg.str() + ", expert bins");
       got = launch(cfg, true);
       const ErrorStats e = relative_error(got.data(), ref.data(), out_rows, N);
