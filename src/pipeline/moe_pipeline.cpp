@@ -190,13 +190,13 @@ Chain chain_for(const Plan& p, int64_t tokens, bool from_logits) {
   dev.l2_bytes = p.l2_bytes;
   const Shape& s = p.shape;
   Chain c;
-  c.sorted_rows = gemm_config_for(s, p.options, tokens, dev).x_source == XSource::sorted_rows;
+  const XSource x_source = gemm_config_for(s, p.options, tokens, dev).x_source;
+  c.sorted_rows = x_source == XSource::sorted_rows;
   c.fused_route_dispatch = fused_route_dispatch(p, tokens, from_logits);
   c.quant_with_route = from_logits && !c.sorted_rows;
   // Expert bins: the register-loaded GEMM reads each expert's rows from the bins the routing fills.
   c.expert_bins = from_logits && !c.sorted_rows && !c.fused_route_dispatch && !p.options.deterministic &&
-                  p.layout.bin_stride >= tokens &&
-                  gemm_config_for(s, p.options, tokens, dev).x_source == XSource::token_fragments;
+                  p.layout.bin_stride >= tokens && x_source == XSource::token_fragments;
   // Routes from logits have distinct ids per token, which the fused kernel's token masks need.
   c.dispatch_with_quant = from_logits && c.sorted_rows && !c.fused_route_dispatch &&
                           dispatch_quant_fits(tokens, s.topk, s.experts);

@@ -59,8 +59,11 @@ Result run_once(bool fused, const DeviceBuffer& logits, const DeviceBuffer& hidd
 // Random logits with exact ties: every third token draws from {-0, +0, 1, 2}, so the fused
 // launch's ranking (WarpRanker: lanes win repeatedly and rescan) must break them as the routing
 // kernel's does, by the lower id. Token T / 2 has one NaN logit. Hidden: random bf16.
-void make_inputs(Rng& rng, int T, int E, int H, std::vector<float>& logits, std::vector<uint16_t>& hidden) {
-  logits.assign(size_t(T) * E, 0.0f);
+struct DeviceInputs {
+  DeviceBuffer logits, hidden;
+};
+DeviceInputs make_inputs(Rng& rng, int T, int E, int H) {
+  std::vector<float> logits(static_cast<size_t>(T) * E);
   for (auto& x : logits) x = float(rng.normal());
   for (int t = 0; t < T; t += 3)
     for (int e = 0; e < E; ++e) {
@@ -68,8 +71,9 @@ void make_inputs(Rng& rng, int T, int E, int H, std::vector<float>& logits, std:
       logits[size_t(t) * E + size_t(e)] = v == 0 ? -0.0f : float(v - 1);
     }
   logits[size_t(T / 2) * E + 3] = NAN;
-  hidden.assign(size_t(T) * H, 0);
+  std::vector<uint16_t> hidden(static_cast<size_t>(T) * H);
   for (auto& h : hidden) h = uint16_t(0x3c00 + rng.below(0x0800)) ^ uint16_t(rng.below(2) << 15);
+  return DeviceInputs{DeviceBuffer::from(logits), DeviceBuffer::from(hidden)};
 }
 
 Routing grouped_sigmoid() {
@@ -90,10 +94,8 @@ TEST(RouteQuantGpu, MatchesRouteThenTokenOrderQuantiseBitForBit) {
        {std::tuple{1, 256, 8, 2048, false}, std::tuple{33, 256, 8, 2048, false}, std::tuple{128, 256, 8, 7168, true},
         std::tuple{1000, 64, 2, 192, false}, std::tuple{517, 512, 16, 320, true}, std::tuple{8192, 256, 8, 2048, false}}) {
     SCOPED_TRACE(testing::Message() << "T=" << T << " E=" << E << " k=" << k << " H=" << H << (sig ? " sigmoid" : " softmax"));
-    std::vector<float> logits;
-    std::vector<uint16_t> hidden;
-    make_inputs(rng, T, E, H, logits, hidden);
-    const DeviceBuffer dl = DeviceBuffer::from(logits), dh = DeviceBuffer::from(hidden);
+    const DeviceInputs in = make_inputs(rng, T, E, H);
+    const DeviceBuffer &dl = in.logits, &dh = in.hidden;
     const Routing& routing = sig ? sigmoid : softmax;
     const Result a = run_once(false, dl, dh, T, E, k, H, routing, 80);
     const Result b = run_once(true, dl, dh, T, E, k, H, routing, 80);
@@ -121,10 +123,8 @@ TEST(RouteQuantGpu, ExpertBinsHoldEveryRouteOnce) {
        {std::tuple{33, 8, 2, 384, false}, std::tuple{1000, 64, 2, 192, false}, std::tuple{517, 512, 16, 320, true},
         std::tuple{8192, 256, 8, 2048, false}}) {
     SCOPED_TRACE(testing::Message() << "T=" << T << " E=" << E << " k=" << k << (sig ? " sigmoid" : " softmax"));
-    std::vector<float> logits;
-    std::vector<uint16_t> hidden;
-    make_inputs(rng, T, E, H, logits, hidden);
-    const DeviceBuffer dl = DeviceBuffer::from(logits), dh = DeviceBuffer::from(hidden);
+    const DeviceInputs in = make_inputs(rng, T, E, H);
+    const DeviceBuffer &dl = in.logits, &dh = in.hidden;
     const Routing& routing = sig ? sigmoid : softmax;
     const Result plain = run_once(true, dl, dh, T, E, k, H, routing, 80);
 
