@@ -282,6 +282,25 @@ std::vector<int32_t> read_replay_counts(const std::string& path, int64_t tokens,
   return counts;
 }
 
+void route_from_logits(const Shape& shape, const Routing& routing, uint64_t seed, Routes& routes) {
+  if (!routes.logits.empty()) return;
+  if (routing.scoring != Scoring::softmax)
+    throw Error("logits for a skewed distribution: softmax scoring only (sigmoid scores carry an expert bias)");
+  const int64_t T = shape.tokens, E = shape.experts, k = shape.topk;
+  routes.logits.resize(size_t(T * E));
+  for (int64_t t = 0; t < T; ++t) {
+    Rng r(seed, stream_id(Stream::logits, uint64_t(t)));
+    Normal normal(r);
+    float* row = routes.logits.data() + t * E;
+    // The others below 4, the chosen from 6 up in slot order: the routing picks exactly the ids.
+    for (int64_t e = 0; e < E; ++e) row[e] = std::min(4.0f, float(normal()));
+    for (int64_t j = 0; j < k; ++j) row[routes.topk.ids[size_t(t * k + j)]] = 6.0f + 0.25f * float(k - 1 - j);
+  }
+  if (T > 0) routes.topk = route_ref(routes.logits.data(), T, E, k, routing, nullptr);
+  routes.topk.tokens = T;
+  routes.topk.topk = k;
+}
+
 Routes make_routes(const Shape& shape, const Routing& routing, const Distribution& dist, uint64_t seed) {
   validate(shape);
   validate(routing, shape);

@@ -53,6 +53,10 @@ struct Routes {
 // For every distribution but random, ids are emitted directly and weights are random positive
 // numbers normalised to sum 1 per token (then times routing.scale).
 Routes make_routes(const Shape& shape, const Routing& routing, const Distribution& dist, uint64_t seed);
+// Router logits whose top-k under `routing` are the routes' ids (softmax scoring), for a
+// distribution that emits ids, so that it can run through the routing kernel; the top-k (ids and
+// weights) are then what the routing reference makes of them. No change when logits exist.
+void route_from_logits(const Shape& shape, const Routing& routing, uint64_t seed, Routes& routes);
 
 // hidden [T, H] bf16, random normal with a per-token magnitude.
 std::vector<bf16> make_hidden(const Shape& shape, uint64_t seed);

@@ -261,7 +261,8 @@ std::vector<Record> run_bench(const BenchOptions& opt, std::ostream& log) {
     r.commit = build_commit();
     r.device = dev;
     const uint64_t batch_seed = opt.seed * 1000003ull + uint64_t(t);
-    const Routes routes = make_routes(s, opt.routing, opt.dist, batch_seed);
+    Routes routes = make_routes(s, opt.routing, opt.dist, batch_seed);
+    if (opt.dist_logits) route_from_logits(s, opt.routing, batch_seed, routes);
     const std::vector<bf16> hidden = make_hidden(s, batch_seed);
     const std::vector<int32_t> counts = expert_counts(routes.topk, s.experts);
     r.work = layer_work(s, counts, opt.dist.kind == DistKind::random);

@@ -21,6 +21,7 @@ struct BenchOptions {
   Routing routing;
   std::vector<int64_t> tokens;  // one record per entry
   Distribution dist;
+  bool dist_logits = false;  // a distribution of ids runs from router logits that route to them
   uint64_t seed = 1;
   TimerOptions timer;
   bool measure_sol = true;

@@ -51,6 +51,8 @@ bench options:
   --no-pdl --eager --no-fuse   switch off programmatic dependent launch / graph replay (time
                          eager launches) / the fused small-batch route+dispatch kernels
   --no-bins              the count and dispatch kernels instead of the routing's expert bins
+  --dist-logits          run a distribution of ids (balanced, zipf, hot, ...) from router logits
+                         whose softmax top-k are those ids, through the routing kernel
                          (register-loaded GEMM batches)
   --prefetch             L2-prefetch each GEMM CTA's first weight tile before the PDL wait
   --rescale-promotion    FP8 promotion by one accumulator rescaled in place (experiment)
@@ -126,7 +128,7 @@ int cmd_bench(int argc, char** argv) {
   valued.insert({"reps", "warmup", "json", "csv", "max-copies", "max-cpu-gflop", "trace-chain"});
   const Args a(rest(argc, argv), valued,
                {"no-renorm", "sweep", "no-sol", "deterministic", "no-pdl", "eager", "prefetch", "no-check", "no-fuse", "no-bins",
-                "rescale-promotion", "bulk-combine"});
+                "rescale-promotion", "bulk-combine", "dist-logits"});
   const Workload w = parse_workload(a);
   loom::bench::BenchOptions opt;
   opt.preset = w.preset;
@@ -134,6 +136,7 @@ int cmd_bench(int argc, char** argv) {
   opt.routing = w.routing;
   opt.tokens = w.tokens;
   opt.dist = w.dist;
+  opt.dist_logits = a.has("dist-logits");
   opt.seed = w.seed;
   opt.timer.reps = int(a.integer("reps", 500));
   opt.timer.warmup = int(a.integer("warmup", 20));
