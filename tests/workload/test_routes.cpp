@@ -378,7 +378,10 @@ TEST(WorkloadZipf, RoutesMatchExactInclusionSmallE) {
 
 // At scale: T=4096, E=256, k=8, S=1.2. Each expert's count is Binomial(T, p_e) (tokens are
 // independent); p_e is estimated by zipf_inclusion with its own seed and 100000 samples, whose
-// error adds T^2 p(1-p)/samples to the variance. Tolerance: 5 standard deviations of the sum, + 1.
+// error adds T^2 p(1-p)/samples to the variance. Tolerance: 6 standard deviations of the sum, + 3:
+// the tail experts' counts (means ~18) are skewed to the right, and with 256 experts per run and a
+// fresh seed each run, 5 deviations failed by chance (seed 1032919894621549891: expert 203 counted
+// 41 against 18.4 from 400000 samples, 5.3 deviations; the next seeds' largest were 2.7 and 2.8).
 // Expert 0 (rank 1) must be the most frequent: its inclusion leads expert 1's by far more than that.
 TEST(WorkloadZipf, RoutesMatchInclusionAtScale) {
   LOOM_FRESH_SEED();
@@ -389,7 +392,7 @@ TEST(WorkloadZipf, RoutesMatchInclusionAtScale) {
   for (int64_t e = 0; e < E; ++e) {
     const double pe = p[size_t(e)];
     const double var = T * pe * (1 - pe) + double(T) * T * pe * (1 - pe) / double(samples);
-    EXPECT_NEAR(double(c[size_t(e)]), T * pe, 5 * std::sqrt(var) + 1) << "expert " << e;
+    EXPECT_NEAR(double(c[size_t(e)]), T * pe, 6 * std::sqrt(var) + 3) << "expert " << e;
   }
   EXPECT_EQ(std::max_element(c.begin(), c.end()) - c.begin(), 0);
   // Rank order of inclusion: decreasing in e (up to Monte-Carlo noise at the flat tail).
