@@ -296,9 +296,20 @@ void route_from_logits(const Shape& shape, const Routing& routing, uint64_t seed
     for (int64_t e = 0; e < E; ++e) row[e] = std::min(4.0f, float(normal()));
     for (int64_t j = 0; j < k; ++j) row[routes.topk.ids[size_t(t * k + j)]] = 6.0f + 0.25f * float(k - 1 - j);
   }
+  const TopK wanted = routes.topk;
   if (T > 0) routes.topk = route_ref(routes.logits.data(), T, E, k, routing, nullptr);
   routes.topk.tokens = T;
   routes.topk.topk = k;
+  // The routing ranks the raw logits (softmax), so it picks exactly the wanted experts; checked.
+  for (int64_t t = 0; t < T; ++t) {
+    std::vector<int32_t> a(wanted.ids.begin() + t * k, wanted.ids.begin() + (t + 1) * k);
+    std::vector<int32_t> b(routes.topk.ids.begin() + t * k, routes.topk.ids.begin() + (t + 1) * k);
+    std::sort(a.begin(), a.end());
+    std::sort(b.begin(), b.end());
+    if (a != b)
+      throw Error("logits for a skewed distribution: the routing (" + describe(routing) +
+                  ") does not pick the distribution's experts for token " + std::to_string(t));
+  }
 }
 
 Routes make_routes(const Shape& shape, const Routing& routing, const Distribution& dist, uint64_t seed) {

@@ -141,6 +141,47 @@ TEST(WorkloadRoutes, RandomIsRouteRefOfNormalLogits) {
   EXPECT_TRUE(same_bytes(again.weights, r.topk.weights));
 }
 
+// route_from_logits (bench --dist-logits): logits whose routing picks, per token, the same experts
+// the distribution emitted, the top-k then being route_ref's of those logits (also under a tiny
+// soft-cap, which changes the weights, not the ranking); random routes keep their logits; sigmoid
+// scoring is rejected.
+TEST(WorkloadRoutes, LogitsThatRouteToTheDistributionsIds) {
+  LOOM_FRESH_SEED();
+  const Shape shape = route_shape(96, 64, 6);
+  for (const char* spec : {"balanced", "zipf:1.2", "hot:0.9", "concentrated"}) {
+    SCOPED_TRACE(spec);
+    const Routes ids = make_routes(shape, Routing{}, parse_distribution(spec), seed);
+    Routes r = ids;
+    route_from_logits(shape, Routing{}, seed, r);
+    ASSERT_EQ(r.logits.size(), size_t(96 * 64));
+    const TopK again = route_ref(r.logits.data(), 96, 64, 6, Routing{});
+    EXPECT_EQ(again.ids, r.topk.ids);
+    EXPECT_TRUE(same_bytes(again.weights, r.topk.weights));
+    for (int64_t t = 0; t < 96; ++t) {
+      std::vector<int32_t> a(ids.topk.ids.begin() + t * 6, ids.topk.ids.begin() + (t + 1) * 6);
+      std::vector<int32_t> b(r.topk.ids.begin() + t * 6, r.topk.ids.begin() + (t + 1) * 6);
+      std::sort(a.begin(), a.end());
+      std::sort(b.begin(), b.end());
+      ASSERT_EQ(a, b) << "token " << t;
+    }
+    EXPECT_EQ(expert_counts(r.topk, 64), expert_counts(ids.topk, 64));
+  }
+  Routes random = make_routes(shape, Routing{}, parse_distribution("random"), seed);
+  const Routes before = random;
+  route_from_logits(shape, Routing{}, seed, random);
+  EXPECT_EQ(random.topk.ids, before.topk.ids);
+  EXPECT_TRUE(same_bytes(random.logits, before.logits));
+  Routing sigmoid;
+  sigmoid.scoring = Scoring::sigmoid;
+  Routes zipf = make_routes(shape, Routing{}, parse_distribution("zipf:1.2"), seed);
+  EXPECT_THROW(route_from_logits(shape, sigmoid, seed, zipf), Error);
+  Routing capped;
+  capped.softcap = 0.01f;
+  Routes zipf_capped = zipf;
+  route_from_logits(shape, capped, seed, zipf_capped);
+  EXPECT_EQ(expert_counts(zipf_capped.topk, 64), expert_counts(zipf.topk, 64));
+}
+
 // Same seed, same bytes for every distribution; another seed, other routes.
 TEST(WorkloadRoutes, DeterministicPerSeed) {
   LOOM_FRESH_SEED();

@@ -51,9 +51,9 @@ bench options:
   --no-pdl --eager --no-fuse   switch off programmatic dependent launch / graph replay (time
                          eager launches) / the fused small-batch route+dispatch kernels
   --no-bins              the count and dispatch kernels instead of the routing's expert bins
+                         (register-loaded GEMM batches)
   --dist-logits          run a distribution of ids (balanced, zipf, hot, ...) from router logits
                          whose softmax top-k are those ids, through the routing kernel
-                         (register-loaded GEMM batches)
   --prefetch             L2-prefetch each GEMM CTA's first weight tile before the PDL wait
   --rescale-promotion    FP8 promotion by one accumulator rescaled in place (experiment)
   --bulk-combine         fast combine by cp.reduce.async.bulk rows instead of red.v4 (experiment)
