@@ -259,7 +259,7 @@ __device__ __forceinline__ void build_hit_list(S& s, const KernelArgs& a) {
   const int chunks = (a.experts + 31) / 32;
   for (int c = warp; c < chunks; c += warps) {
     const int e = c * 32 + lane;
-    const bool hit = e < a.experts && __ldg(a.offsets + e + 1) > __ldg(a.offsets + e);
+    const bool hit = e < a.experts && __ldcg(a.offsets + e + 1) > __ldcg(a.offsets + e);
     const unsigned mask = __ballot_sync(0xffffffffu, hit);
     if (lane == 0) s.chunk_hits[c] = __popc(mask);
   }
@@ -268,7 +268,7 @@ __device__ __forceinline__ void build_hit_list(S& s, const KernelArgs& a) {
     int base = 0;
     for (int i = 0; i < c; ++i) base += s.chunk_hits[i];
     const int e = c * 32 + lane;
-    const bool hit = e < a.experts && __ldg(a.offsets + e + 1) > __ldg(a.offsets + e);
+    const bool hit = e < a.experts && __ldcg(a.offsets + e + 1) > __ldcg(a.offsets + e);
     const unsigned mask = __ballot_sync(0xffffffffu, hit);
     if (hit) s.hit_experts[base + __popc(mask & ((1u << lane) - 1))] = e;
     if (c == chunks - 1 && lane == 0) s.hit_count = base + __popc(mask);
@@ -283,7 +283,7 @@ __device__ __forceinline__ void build_hit_list(S& s, const KernelArgs& a) {
 template <class S>
 __device__ __forceinline__ void load_hit_list(S& s, const KernelArgs& a) {
   for (int i = threadIdx.x; i <= a.experts; i += blockDim.x) {
-    const int4 h = __ldg(a.hit_list + i);
+    const int4 h = __ldcg(a.hit_list + i);
     if (i == 0) {
       s.hit_count = h.x;
     } else {
@@ -304,8 +304,8 @@ __device__ __forceinline__ void unit_rows(const S& s, const KernelArgs& a, const
     row_begin = r.x;
     rows = r.y;
   } else {
-    row_begin = __ldg(a.offsets + unit.expert);
-    rows = __ldg(a.offsets + unit.expert + 1) - row_begin;
+    row_begin = __ldcg(a.offsets + unit.expert);
+    rows = __ldcg(a.offsets + unit.expert + 1) - row_begin;
   }
 }
 
@@ -560,8 +560,8 @@ __device__ __forceinline__ void consume_chunk(S& s, PipelineState<S::kStages>& p
   // This thread's row of the chunk: its weight and token, loaded now so the latency hides behind
   // the K loop (loading them in the epilogue put a round trip on every chunk).
   const int wg_row = threadIdx.x % 128;
-  const float row_w = wg_row < chunk_rows ? __ldg(a.row_weight + row0 + wg_row) : 0.0f;
-  const int32_t row_t = wg_row < chunk_rows && a.atomic ? __ldg(a.row_token + row0 + wg_row) : 0;
+  const float row_w = wg_row < chunk_rows ? __ldcg(a.row_weight + row0 + wg_row) : 0.0f;
+  const int32_t row_t = wg_row < chunk_rows && a.atomic ? __ldcg(a.row_token + row0 + wg_row) : 0;
   const int scale_shift = gather ? 0 : row0 % kScaleAlign;
   float final_acc[kRegs];  // zeroed below by the two-accumulator paths; the rescale path writes it at the end
   const float* wscale = a.weight_scales + (int64_t(e) * a.nblocks + nb) * a.kblocks;
@@ -892,7 +892,7 @@ __global__ void __launch_bounds__(kThreads, 1)
           }
           // Every thread has issued the previous chunk's copies (their addresses are taken at issue).
           ptx::named_barrier_sync(kGatherBarrier, kProducerThreads);
-          s.gather_token[pt] = pt < chunk_rows ? __ldg(a.row_token + row_begin + chunk + pt) : -1;
+          s.gather_token[pt] = pt < chunk_rows ? __ldcg(a.row_token + row_begin + chunk + pt) : -1;
           ptx::named_barrier_sync(kGatherBarrier, kProducerThreads);
           const int scale_token = s.gather_token[pt];
           for (int kb = unit.kb_begin; kb < unit.kb_end; ++kb) {

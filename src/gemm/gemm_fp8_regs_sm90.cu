@@ -166,8 +166,8 @@ template <bool kWide>
 __device__ __forceinline__ void build_tile_starts(Smem& s, const Args& a) {
   constexpr int kRows = Shape<kWide>::kRows;
   for (int e = threadIdx.x; e < a.experts; e += blockDim.x) {
-    const int begin = a.counts ? e * a.stride : __ldg(a.offsets + e);
-    const int rows = a.counts ? min(__ldg(a.counts + e * kBinCountStride), a.stride) : __ldg(a.offsets + e + 1) - begin;
+    const int begin = a.counts ? e * a.stride : __ldcg(a.offsets + e);
+    const int rows = a.counts ? min(__ldcg(a.counts + e * kBinCountStride), a.stride) : __ldcg(a.offsets + e + 1) - begin;
     s.tile_start[e + 1] = (rows + kRows - 1) / kRows;
     s.expert_row[e] = begin;
     s.expert_end[e] = begin + rows;
@@ -351,8 +351,8 @@ __global__ void __launch_bounds__(kThreads, 1)
           const int begin = s.expert_row[unit.expert] + unit.tile * Sh::kRows;
           const int rows = min(Sh::kRows, s.expert_end[unit.expert] - begin);
           for (int i = lane; i < kTileRows; i += 32) {
-            m.token[i] = i < rows ? __ldg(a.row_token + begin + i) : 0;
-            m.weight[i] = i < rows ? __ldg(a.row_weight + begin + i) : 0.0f;
+            m.token[i] = i < rows ? __ldcg(a.row_token + begin + i) : 0;
+            m.weight[i] = i < rows ? __ldcg(a.row_weight + begin + i) : 0.0f;
           }
           const float* wscale = a.weight_scales + (int64_t(unit.expert) * a.nblocks + unit.nb) * a.kblocks;
           for (int i = lane; i < a.kblocks; i += 32) m.wscale[i] = __ldg(wscale + i);

@@ -8,6 +8,10 @@
 namespace loom::ptx {
 
 // Blocks until every prerequisite grid has completed and its memory is visible.
+// What the grids before this one wrote is read after the wait with coherent loads (__ldcg, plain
+// or TMA loads), never __ldg: ld.global.nc promises the data is read-only for the kernel's life,
+// which under PDL it is not, and ptxas then moved such loads above the wait (the chunk walk's
+// expert counts in the gathering GEMM: wrong sums in 2 of 4 runs of a pipeline test).
 __device__ __forceinline__ void pdl_wait() { asm volatile("griddepcontrol.wait;" ::: "memory"); }
 
 // Lets the next kernel in the stream start launching its CTAs (no memory visibility implied).
