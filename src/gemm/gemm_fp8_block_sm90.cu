@@ -12,6 +12,7 @@
 #include "common/tensor_map.hpp"
 #include "gemm/gemm_fp8_regs_sm90.cuh"
 #include "gemm/ring_cursor.cuh"
+#include "pipeline/device_layout.hpp"
 #include "ptx/barrier.cuh"
 #include "ptx/cp_async.cuh"
 #include "ptx/mbarrier.cuh"
@@ -55,10 +56,12 @@ constexpr int kXTileBytes = kMaxChunk * kBlockK;
 // gathered batches (T <= 32) have a kernel of their own, whose chunks are at most kGatherMaxTokens
 // rows: without the sorted-rows, dynamic-tail and wide-chunk code its code is 55 KB instead of
 // 128, and at small T the GEMM waits on instruction fetch (docs/perf.md, ninth and tenth sessions).
-enum class Rows { any, gathered, sorted };
-__host__ __device__ constexpr int chunk_limit(Rows rows) {
-  return rows == Rows::gathered ? kGatherMaxTokens : kMaxChunk;
-}
+// Gathered rows read from expert bins (the chunk walk) have one too: with the walk's code in the
+// T <= 32 kernel, T=1 took 13.9-14.2 us instead of 12.4-12.7 (docs/perf.md, twentieth session).
+enum class Rows { any, gathered, binned, sorted };
+__host__ __device__ constexpr bool gathers(Rows rows) { return rows == Rows::gathered || rows == Rows::binned; }
+__host__ __device__ constexpr int chunk_limit(Rows rows) { return gathers(rows) ? kGatherMaxTokens : kMaxChunk; }
+constexpr int kWalkChunk = chunk_limit(Rows::binned);  // the chunk walk's chunks: the gathered kernels' widest
 
 static_assert(kWTileBytes % 1024 == 0 && kXTileBytes % 1024 == 0,
               "128-byte-swizzled TMA tiles must start on 1024-byte boundaries");
@@ -94,6 +97,8 @@ struct KernelArgs {
   int64_t x_rows;
   int gather;             // 1: gather rows by token with cp.async; 0: TMA boxes of sorted rows
   const int32_t* offsets;
+  const int32_t* counts;  // expert bins (GemmFp8Params::expert_counts) or nullptr: offsets
+  int stride;             // GemmFp8Params::expert_stride
   const int32_t* row_token;
   const float* row_weight;
   float* out;
@@ -186,21 +191,98 @@ static_assert(kBlockM == 32 * 4, "hand-off epilogue: one lane per 4 output colum
 
 __host__ __device__ constexpr int width_index(int rows) { return rows <= 16 ? 0 : rows <= 32 ? 1 : rows <= 64 ? 2 : 3; }
 
-// A work unit: one expert's 128 weight rows over one K range, for all of the expert's rows.
+// A work unit: one expert's 128 weight rows over one K range, for all of the expert's rows; or,
+// from expert bins (the chunk walk), for one chunk of at most kGatherMaxTokens of its rows.
 struct Unit {
   int expert, nb, kb_begin, kb_end;
-  int slot;  // compact mode: the expert's index in the hit list
+  int slot;   // compact mode: the expert's index in the hit list
+  int chunk;  // chunk walk: the unit's chunk of the expert's rows
 };
 
+// The chunk walk (gathered rows from expert bins): every unit is one (expert with rows, weight
+// block, chunk of at most kWalkChunk rows), so an expert with many rows spreads over as many CTAs
+// as it has chunks instead of lengthening one unit (skew: T=512 hot:0.9 83.6 vs 184 us with whole
+// experts per unit, docs/perf.md). Units [0, hits * nblocks) are the first chunks of the experts
+// with rows, in expert order (decoded without a search), then the further chunks. Per hit-list
+// slot: hit_experts the expert (its first row: expert * stride), hit_range (the further-chunk units
+// of the slots up to it, an inclusive scan; its rows). Only the Rows::binned kernel has this code.
 template <class S>
+__device__ __forceinline__ void build_chunk_walk(S& s, const KernelArgs& a) {
+  // Every expert's rows by expert into hit_range[e].y: one load per thread, one L2 round trip.
+  for (int e = threadIdx.x; e < a.experts; e += blockDim.x)
+    s.hit_range[e].y = min(__ldcg(a.counts + e * kBinCountStride), a.stride);
+  __syncthreads();
+  if (threadIdx.x < 32) {
+    // 32 experts a round, in a rolled loop: unrolled, this kernel had 1700 more instructions and
+    // its GEMM alone took 73.7 instead of 70.4 us at T=128. (One warp per group of 32 experts, in
+    // parallel, was no faster: e2e T=128 74.5 vs 74.8, T=512 81.5 vs 79.2 us.) A round writes
+    // slots below its first expert, so never what a later round reads.
+    const int lane = threadIdx.x;
+    int slots = 0, further_before = 0;
+#pragma unroll 1
+    for (int e0 = 0; e0 < a.experts; e0 += 32) {
+      const int e = e0 + lane;
+      const int rows = e < a.experts ? s.hit_range[e].y : 0;
+      __syncwarp();  // the round's reads before any of its writes (a slot can be another lane's expert)
+      const unsigned hit_mask = __ballot_sync(0xffffffffu, rows > 0);
+      int further = max(0, (rows + kWalkChunk - 1) / kWalkChunk - 1) * a.nblocks;
+#pragma unroll
+      for (int off = 1; off < 32; off *= 2) {
+        const int f = __shfl_up_sync(0xffffffffu, further, off);
+        if (lane >= off) further += f;
+      }
+      if (rows > 0) {
+        const int slot = slots + __popc(hit_mask & ((1u << lane) - 1u));
+        s.hit_experts[slot] = e;
+        s.hit_range[slot] = make_int2(further_before + further, rows);
+      }
+      slots += __popc(hit_mask);
+      further_before += __shfl_sync(0xffffffffu, further, 31);
+    }
+    if (lane == 0) s.hit_count = slots;
+  }
+  __syncthreads();
+}
+
+template <bool kBins, class S>
 __device__ __forceinline__ int unit_count(const S& s, const KernelArgs& a) {
+  if constexpr (kBins) return s.hit_count > 0 ? s.hit_count * a.nblocks + s.hit_range[s.hit_count - 1].x : 0;
   return (a.dense ? a.experts : s.hit_count) * a.nblocks * a.split_k;
 }
 
 // Consecutive units share an expert (then its 128-row blocks, then K ranges), so CTAs running at
 // the same time read the same activation rows.
-template <class S>
+template <bool kBins, class S>
 __device__ __forceinline__ Unit decode_unit(const S& s, const KernelArgs& a, int u) {
+  if constexpr (kBins) {
+    // Clamped so that the warm-up's dry walk, which decodes before the walk is built (stale shared
+    // memory), stays in bounds; a built walk never needs the clamps.
+    const int hits = min(max(s.hit_count, 1), kMaxHitExperts);
+    Unit unit;
+    unit.kb_begin = 0;
+    unit.kb_end = a.kblocks;
+    if (u < hits * a.nblocks) {  // the first chunks, no search
+      unit.slot = u / a.nblocks;
+      unit.nb = u - unit.slot * a.nblocks;
+      unit.chunk = 0;
+    } else {
+      // The further chunks: the first slot whose further units end after u; its units are (weight
+      // block, chunk), chunks fastest, so CTAs running together read the same weight tile.
+      u -= hits * a.nblocks;
+      int lo = 0, hi = hits - 1;
+      while (lo < hi) {
+        const int mid = (lo + hi) / 2;
+        if (s.hit_range[mid].x > u) hi = mid; else lo = mid + 1;
+      }
+      const int local = u - (lo > 0 ? s.hit_range[lo - 1].x : 0);
+      const int further = max(1, (s.hit_range[lo].y + kWalkChunk - 1) / kWalkChunk - 1);
+      unit.slot = lo;
+      unit.nb = local / further;
+      unit.chunk = 1 + local - unit.nb * further;
+    }
+    unit.expert = s.hit_experts[unit.slot];
+    return unit;
+  }
   const int per_expert = a.nblocks * a.split_k;
   const int slot = u / per_expert, rem = u - slot * per_expert;
   Unit unit;
@@ -210,6 +292,7 @@ __device__ __forceinline__ Unit decode_unit(const S& s, const KernelArgs& a, int
   const int ks = rem - unit.nb * a.split_k;
   unit.kb_begin = ks * a.kblocks_per_split;
   unit.kb_end = min(a.kblocks, unit.kb_begin + a.kblocks_per_split);
+  unit.chunk = 0;
   return unit;
 }
 
@@ -234,16 +317,16 @@ struct WorkCursor {
       end = units;
     }
   }
-  template <class S>
+  template <bool kBins, class S>
   __device__ bool next(const S& s, const KernelArgs& a, Unit& unit) {
     if (pos >= end) return false;
     if (!a.balanced) {
-      unit = decode_unit(s, a, pos);
+      unit = decode_unit<kBins>(s, a, pos);
       pos += int(gridDim.x);
       return true;
     }
     const int u = pos / a.kblocks, kb = pos - u * a.kblocks;
-    unit = decode_unit(s, a, u);  // split_k is 1 here: the unit spans every K block
+    unit = decode_unit<kBins>(s, a, u);  // split_k is 1 here: the unit spans every K block
     unit.kb_begin = kb;
     unit.kb_end = min(a.kblocks, kb + (end - pos));
     pos += unit.kb_end - unit.kb_begin;
@@ -296,10 +379,13 @@ __device__ __forceinline__ void load_hit_list(S& s, const KernelArgs& a) {
 
 // A unit's expert rows: from the hit list in shared memory when there is one (no global round
 // trip before the unit's first load), else from the offsets.
-template <class S>
+template <bool kBins, class S>
 __device__ __forceinline__ void unit_rows(const S& s, const KernelArgs& a, const Unit& unit, int& row_begin,
                                           int& rows) {
-  if (!a.dense && a.hit_list != nullptr) {
+  if constexpr (kBins) {
+    row_begin = unit.expert * a.stride + unit.chunk * kWalkChunk;
+    rows = min(kWalkChunk, s.hit_range[unit.slot].y - unit.chunk * kWalkChunk);
+  } else if (!a.dense && a.hit_list != nullptr) {
     const int2 r = s.hit_range[unit.slot];
     row_begin = r.x;
     rows = r.y;
@@ -686,8 +772,9 @@ __global__ void __launch_bounds__(kThreads, 1)
   static_assert(!kHandoff || kStagesHandoff <= 4,
                 "the producer runs at most one scale quad ahead (QuadScales::kSlots)");
   using S = SharedStorage<kHandoff ? kStagesHandoff : kStagesInline, kHandoff>;
-  const bool gather = kRows == Rows::any ? a.gather != 0 : kRows == Rows::gathered;
+  const bool gather = kRows == Rows::any ? a.gather != 0 : gathers(kRows);
   constexpr int kChunk = chunk_limit(kRows);
+  constexpr bool kBins = kRows == Rows::binned;  // the chunk walk over expert bins
   extern __shared__ uint8_t smem_raw[];
   // Aligned by pointer arithmetic on smem_raw, not through an integer: the compiler then still knows
   // every access is to shared memory (LDS/STS; through uintptr_t it emitted generic LD/ST with
@@ -718,7 +805,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     ptx::prefetch_tensormap(&maps.w);
     // The weights do not depend on earlier kernels: start pulling this CTA's first tile into L2
     // while the routing, dispatch and quantisation kernels finish.
-    if (a.dense && a.prefetch && int(blockIdx.x) < a.experts * a.nblocks * a.split_k) {
+    if (!kBins && a.dense && a.prefetch && int(blockIdx.x) < a.experts * a.nblocks * a.split_k) {
       const int e = blockIdx.x / (a.nblocks * a.split_k), nb = blockIdx.x / a.split_k % a.nblocks;
       const int rows = min(kBlockM, a.n - nb * kBlockM);
       const uint8_t* base = a.weights + (int64_t(e) * a.n + nb * kBlockM) * a.k;
@@ -733,17 +820,19 @@ __global__ void __launch_bounds__(kThreads, 1)
   auto wait_for_inputs = [&]() -> int {
     ptx::pdl_wait();
     if (threadIdx.x == 0) LOOM_TRACE(kGemmWaited);
-    if (!a.dense) {
+    if constexpr (kBins) {
+      build_chunk_walk(s, a);
+    } else if (!a.dense) {
       if (a.hit_list != nullptr)
         load_hit_list(s, a);
       else
         build_hit_list(s, a);
     }
-    const int units = unit_count(s, a);
+    const int units = unit_count<kBins>(s, a);
     if (threadIdx.x == 0) LOOM_TRACE(kGemmUnits);
     return units;
   };
-  const bool warm_up = kRows == Rows::gathered && a.warm_up != 0;
+  const bool warm_up = gathers(kRows) && a.warm_up != 0;
   const int units = warm_up ? 0 : wait_for_inputs();
   // The whole CTA meets here once the producer's dry walk is done, then waits for its inputs.
   auto end_warm_up = [&]() {
@@ -781,8 +870,9 @@ __global__ void __launch_bounds__(kThreads, 1)
     PipelineState<S::kStages> ps;
     // Warm-up: the dry walk takes the first unit of a walk whose indices are valid before the wait:
     // dense, the real one (its count needs no inputs); compact, a grid-sized one (hit-list slots
-    // below gridDim.x / ceil(N/128), within kMaxHitExperts).
-    WorkCursor work(a, warm_up ? (a.dense ? unit_count(s, a) : int(gridDim.x)) : units);
+    // below gridDim.x / ceil(N/128), within kMaxHitExperts); the chunk walk, a grid-sized one
+    // (its decode clamps what it reads).
+    WorkCursor work(a, warm_up ? (a.dense && !kBins ? unit_count<kBins>(s, a) : int(gridDim.x)) : units);
     Unit unit;
     // Sorted rows: thread 0 loads every tile by TMA (and, with the dynamic tail, first announces the
     // unit to the consumers).
@@ -797,7 +887,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     auto load_sorted_unit = [&](const Unit& unit, int index, bool dynamic) {
       const int e = unit.expert, nb = unit.nb;
       int row_begin, rows;
-      unit_rows(s, a, unit, row_begin, rows);
+      unit_rows<kBins>(s, a, unit, row_begin, rows);
 #ifdef LOOM_CHAIN_TRACE
       if (first_tile) LOOM_TRACE(kGemmFirstRows);
 #endif
@@ -847,7 +937,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       const int static_end = max(1, units / grid - kDynamicRounds) * grid;
       for (int u = int(blockIdx.x); u < units;) {
         const int fetched = u + grid < static_end ? u + grid : static_end + atomicAdd(a.work_queue, 1);
-        load_sorted_unit(decode_unit(s, a, u), u, true);
+        load_sorted_unit(decode_unit<kBins>(s, a, u), u, true);
         u = fetched;
       }
       announce(-1, 0, 0);  // the end of the walk
@@ -859,15 +949,15 @@ __global__ void __launch_bounds__(kThreads, 1)
         atomicExch(a.work_queue + 1, 0);
       }
     } else if (!gather) {
-      while (pt == 0 && work.next(s, a, unit)) load_sorted_unit(unit, 0, false);
+      while (pt == 0 && work.template next<kBins>(s, a, unit)) load_sorted_unit(unit, 0, false);
     }
     // Gathered rows (no code of it in the sorted-rows kernels).
     if constexpr (kRows != Rows::sorted) {
       bool dry = warm_up;
       while (gather) {
-        const bool has_unit = work.next(s, a, unit);
+        const bool has_unit = work.template next<kBins>(s, a, unit);
         int row_begin = 0, rows = 0;
-        if (has_unit) unit_rows(s, a, unit, row_begin, rows);
+        if (has_unit) unit_rows<kBins>(s, a, unit, row_begin, rows);
         if (dry) {
           // Warm-up: the code from the walk to here is now in the instruction caches. The unit and
           // its rows (stale shared memory, or offsets still being written) are not used. A CTA the
@@ -938,11 +1028,11 @@ __global__ void __launch_bounds__(kThreads, 1)
         ptx::mbar_arrive(&s.unit_empty[ring.stage]);
         ring.advance();
         if (tag.x < 0) break;
-        unit = decode_unit(s, a, tag.x);
+        unit = decode_unit<kBins>(s, a, tag.x);
         row_begin = tag.y;
         rows = tag.z;
-      } else if (work.next(s, a, unit)) {
-        unit_rows(s, a, unit, row_begin, rows);
+      } else if (work.template next<kBins>(s, a, unit)) {
+        unit_rows<kBins>(s, a, unit, row_begin, rows);
       } else {
         break;
       }
@@ -951,9 +1041,9 @@ __global__ void __launch_bounds__(kThreads, 1)
         const int wi = width_index(chunk_rows);
         if (wi == 0)
           consume_chunk<16, kRescale>(s, ps, handoff_phase, quad, a, unit, row0, chunk_rows, consumer, gather);
-        else if (kRows == Rows::gathered || wi == 1)
+        else if (gathers(kRows) || wi == 1)
           consume_chunk<32, kRescale>(s, ps, handoff_phase, quad, a, unit, row0, chunk_rows, consumer, gather);
-        else if constexpr (kRows != Rows::gathered) {
+        else if constexpr (!gathers(kRows)) {
           if (wi == 2)
             consume_chunk<64, kRescale>(s, ps, handoff_phase, quad, a, unit, row0, chunk_rows, consumer, gather);
           else
@@ -1002,7 +1092,8 @@ bool use_token_fragments(int64_t tokens, int64_t topk, int64_t experts, int64_t 
 }
 
 GemmFp8Config choose_gemm_fp8_config(int64_t tokens, int64_t topk, int64_t experts, int64_t n, int64_t k,
-                                     bool deterministic, const DeviceInfo& device, bool allow_token_fragments) {
+                                     bool deterministic, const DeviceInfo& device, bool allow_token_fragments,
+                                     bool routes_in_bins) {
   GemmFp8Config c;
   c.max_width = kMaxChunk;  // the chunk width adapts per expert at run time
   // Expected experts with rows under uniform routing: E (1 - (1 - k/E)^T).
@@ -1023,7 +1114,18 @@ GemmFp8Config choose_gemm_fp8_config(int64_t tokens, int64_t topk, int64_t exper
   // in flight, and skew makes wide chunks at any T. Measured GEMM alone, gathered vs sorted:
   // T=2048 154.8 vs 106-113 us; T=128 72.9 vs 69.4 (e2e equal: 82.1 vs 82.0), zipf:1.2 73.7 vs
   // 66.0 e2e, hot:0.9 93.5 vs 80.8. Small batches gain a kernel boundary and the sorted copy.
-  c.x_source = tokens <= kGatherMaxTokens ? XSource::gather_by_token : XSource::sorted_rows;
+  // Above that, gathering from expert bins while experts have at most kGatherBinsMaxRowsPerExpert
+  // rows: the routing fills the bins, so there is no dispatch kernel and no sorted copy (glue at
+  // T=128 ~4 us instead of ~8), and the chunk walk spreads an expert's chunks over the CTAs. Measured
+  // e2e, from bins vs dispatch + sorted rows (one call, x3; docs/perf.md, twenty-first session):
+  // T=33 / 64 / 128 / 256 / 512 51.3 / 66.4 / 74.8 / 75.3 / 79.2 vs 54.7 / 69.0 / 76.2 / 78.9 /
+  // 83.5 us; at 20 / 24 / 28 rows per expert (T=640 / 768 / 896, x2) 83.2 / 91.5 / 100.3 vs 88.8 /
+  // 94.2 / 98.7; skewed routes from logits, T=128 / 512: hot:0.9 75.9 / 84.8 vs 76.1 / 101.2,
+  // zipf:1.2 60.5 / 94.2 vs 58.7 / 95.6 (zipf's hot experts' further chunks re-read their weights).
+  const double rows_per_expert = double(tokens) * double(topk) / double(experts);
+  const bool gather_from_bins = routes_in_bins && !deterministic && allow_token_fragments &&
+                                tokens > kGatherMaxTokens && rows_per_expert <= kGatherBinsMaxRowsPerExpert;
+  c.x_source = tokens <= kGatherMaxTokens || gather_from_bins ? XSource::gather_by_token : XSource::sorted_rows;
   // L2 eviction priority, when the weight stream outgrows about half of L2 (below that nothing
   // useful is evicted, and T=1 measured 0.2-0.6 us slower with the hint). While an expert's rows
   // fit one chunk, each unit reads its weight tile once: weights go first, which keeps the
@@ -1031,13 +1133,12 @@ GemmFp8Config choose_gemm_fp8_config(int64_t tokens, int64_t topk, int64_t exper
   // Measured e2e, hint vs none (same call, 300 reps): T=8 28.8 vs 30.3, T=32 55.8 vs 57.0,
   // T=128 77.5 vs 81.5, T=512 87.2 vs 94.5, T=2048 136.7 vs 139.3 us. With several chunks per
   // expert the unit re-reads its weights: activations go first instead (T=8192 351.9 vs 365.3).
-  const double rows_per_expert = double(tokens) * double(topk) / double(experts);
   const double weight_bytes = hit * double(n) * double(k);
   const bool stream_outgrows_l2 = weight_bytes > 0.5 * double(device.l2_bytes);
   c.weights_evict_first = stream_outgrows_l2 && rows_per_expert <= kMaxChunk;
   c.x_evict_first = stream_outgrows_l2 && rows_per_expert > kMaxChunk;
   c.split_k = 1;
-  if (!deterministic && units < device.sm_count)
+  if (!deterministic && units < device.sm_count && !gather_from_bins)  // the chunk walk takes no split
     c.split_k = int(std::clamp<int64_t>(int64_t(std::ceil(device.sm_count / units)), 1, std::min<int64_t>(8, kblocks)));
   // Balanced shares when each SM has one to a few whole units (gathered rows, T <= 32): round
   // robin then leaves some SMs a whole unit more than others (T=8: 232 units on 132 SMs).
@@ -1113,13 +1214,17 @@ void launch_gemm_fp8(const GemmFp8Params& p, const GemmFp8Config& cfg, const Dev
                      bool pdl) {
   if (cfg.x_source == XSource::token_fragments) return launch_gemm_fp8_regs(p, cfg, device, stream, pdl);
   if (cfg.x_evict_last) throw Error("fp8 GEMM: x_evict_last is for the register-loaded GEMM (token fragments) only");
-  if (p.expert_counts) throw Error("fp8 GEMM: expert bins are for the register-loaded GEMM (token fragments) only");
+  if (p.expert_counts &&
+      (cfg.x_source != XSource::gather_by_token || p.combine != CombineMode::atomic || cfg.rescale_promotion))
+    throw Error("fp8 GEMM: expert bins are for the register-loaded GEMM and for gathered rows with the atomic "
+                "combine (not the rescale experiment)");
   if (p.n <= 0 || p.k <= 0 || p.n % 16 || p.k % 16)
     throw Error("fp8 GEMM: N and K must be positive multiples of 16 (got N=" + std::to_string(p.n) +
                 ", K=" + std::to_string(p.k) + ")");
   if (int64_t(p.experts) * p.n >= (int64_t(1) << 31) || p.x_rows <= 0 || p.x_rows >= (int64_t(1) << 31))
     throw Error("fp8 GEMM: sizes exceed the kernel's 32-bit coordinates");
-  if (!p.weights || !p.weight_scales || !p.x || !p.x_scales || !p.offsets || !p.row_token || !p.row_weight || !p.out)
+  if (!p.weights || !p.weight_scales || !p.x || !p.x_scales || !(p.offsets || p.expert_counts) || !p.row_token ||
+      !p.row_weight || !p.out)
     throw Error("fp8 GEMM: null device pointer");
   if (reinterpret_cast<uintptr_t>(p.x) % 16 || reinterpret_cast<uintptr_t>(p.x_scales) % 16)
     throw Error("fp8 GEMM: the activation rows and scales must be 16-byte aligned");
@@ -1138,6 +1243,7 @@ void launch_gemm_fp8(const GemmFp8Params& p, const GemmFp8Config& cfg, const Dev
                 "; GemmFp8Params::x_scale_layout says otherwise");
   if (p.experts > kMaxHitExperts) throw Error("fp8 GEMM: at most " + std::to_string(kMaxHitExperts) + " experts");
   if (cfg.split_k > 1 && p.combine != CombineMode::atomic) throw Error("fp8 GEMM: split-K needs the atomic combine");
+  if (cfg.split_k > 1 && p.expert_counts) throw Error("fp8 GEMM: the chunk walk over expert bins takes no split-K");
   if (cfg.dynamic && (cfg.x_source != XSource::sorted_rows || cfg.balanced || !p.work_queue))
     throw Error("fp8 GEMM: the dynamic tail needs sorted rows, no balanced shares, and a work_queue");
   if (cfg.balanced && p.combine != CombineMode::atomic)
@@ -1166,6 +1272,8 @@ void launch_gemm_fp8(const GemmFp8Params& p, const GemmFp8Config& cfg, const Dev
                p.x_rows,
                gather ? 1 : 0,
                p.offsets,
+               p.expert_counts,
+               p.expert_stride,
                p.row_token,
                p.row_weight,
                p.out,
@@ -1187,18 +1295,21 @@ void launch_gemm_fp8(const GemmFp8Params& p, const GemmFp8Config& cfg, const Dev
                p.hit_list,
                // Without PDL the wait is no wait, and the dry walk would only add to the kernel's
                // time. Its shared-memory reads stay in bounds with a hit list or a dense walk.
-               cfg.warm_up && pdl && gather && (p.hit_list != nullptr || cfg.dense) ? 1 : 0};
+               cfg.warm_up && pdl && gather && (p.expert_counts || p.hit_list != nullptr || cfg.dense) ? 1 : 0};
   // + alignment slack for the 1024-byte base
   const size_t smem = (cfg.handoff_epilogue ? sizeof(HandoffStorage) : sizeof(InlineStorage)) + 1024;
-  // The enumerated instantiations: gathered batches, sorted rows with either epilogue, and the
-  // in-place rescale experiment (either source, epilogue in the consumers).
+  // The enumerated instantiations: gathered batches (from offsets, or from expert bins by the chunk
+  // walk), sorted rows with either epilogue, and the in-place rescale experiment (either source,
+  // epilogue in the consumers).
   using Kernel = void (*)(const TensorMaps, const KernelArgs);
-  static constexpr Kernel kernels[4] = {
+  static constexpr Kernel kernels[5] = {
       gemm_fp8_block_kernel<false, false, Rows::gathered>, gemm_fp8_block_kernel<false, false, Rows::sorted>,
-      gemm_fp8_block_kernel<false, true, Rows::sorted>, gemm_fp8_block_kernel<true, false, Rows::any>};
-  const int variant = cfg.rescale_promotion ? 3 : gather ? 0 : (cfg.handoff_epilogue ? 2 : 1);
+      gemm_fp8_block_kernel<false, true, Rows::sorted>,    gemm_fp8_block_kernel<true, false, Rows::any>,
+      gemm_fp8_block_kernel<false, false, Rows::binned>};
+  const int variant =
+      cfg.rescale_promotion ? 3 : gather ? (p.expert_counts ? 4 : 0) : (cfg.handoff_epilogue ? 2 : 1);
   const Kernel kernel = kernels[variant];
-  static bool configured[4] = {};
+  static bool configured[5] = {};
   if (!configured[variant]) {
     LOOM_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
     configured[variant] = true;
@@ -1206,7 +1317,8 @@ void launch_gemm_fp8(const GemmFp8Params& p, const GemmFp8Config& cfg, const Dev
   // Persistent grid: one CTA per SM (at most one unit per CTA when there are fewer units).
   const int64_t units = int64_t(p.experts) * nblocks * (cfg.balanced ? kblocks : a.split_k);
   if (units >= (int64_t(1) << 31)) throw Error("fp8 GEMM: E x ceil(N/128) x ceil(K/128) exceeds the kernel's 32-bit work index");
-  const int grid = int(std::max<int64_t>(1, std::min<int64_t>(units, device.sm_count)));
+  // The chunk walk's unit count is known only on the device (an expert's further chunks): every SM.
+  const int grid = p.expert_counts ? device.sm_count : int(std::max<int64_t>(1, std::min<int64_t>(units, device.sm_count)));
   launch_kernel(kernel, dim3(grid), dim3(kThreads), smem, stream, pdl, maps, a);
 }
 

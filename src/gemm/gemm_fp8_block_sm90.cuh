@@ -40,7 +40,9 @@ enum class CombineMode { atomic, store };
 //                   to write, so small batches have one kernel before the GEMM. Chosen up to
 //                   kGatherMaxTokens tokens, where no chunk is wider than 32. It runs in a kernel
 //                   instantiation of its own whose chunks are at most 32 rows (an expert with more
-//                   rows takes several), so none of the wide-chunk code is in its path.
+//                   rows takes several), so none of the wide-chunk code is in its path. Also chosen
+//                   up to kGatherBinsMaxRowsPerExpert rows per expert when the routes reach the GEMM
+//                   in expert bins (routes from logits): then no dispatch kernel either.
 //  sorted_rows:     an expert-sorted copy, loaded by TMA boxes (cp.async cannot keep the bytes of
 //                   64- and 128-wide chunks in flight: T=2048 GEMM 154.8 us gathered, 106 sorted).
 //  token_fragments: token-order rows whose codes the quantiser laid out in wgmma A-fragment order
@@ -49,6 +51,7 @@ enum class CombineMode { atomic, store };
 //                   kTokenFragmentsMinRowsPerExpert rows per expert and in kWideTilesRowsPerExpert.
 enum class XSource { gather_by_token, sorted_rows, token_fragments };
 inline constexpr int kGatherMaxTokens = 32;
+inline constexpr double kGatherBinsMaxRowsPerExpert = 24.0;  // T=768 on the preset (28 rows lost)
 // token_fragments from this many routed rows per expert (uniform routing), where K allows it, and
 // in wide tiles (GemmFp8Config::wide_tiles; K a multiple of 256) for [kWideTilesRowsPerExpert[0],
 // [1]) rows per expert (the measurements: choose_gemm_fp8_config).
@@ -109,9 +112,12 @@ struct GemmFp8Config {
 // The config for a run of `tokens` tokens; every choice is printable and justified in the
 // implementation. deterministic: the combine must not depend on atomics (no split-K). The caller
 // lays the activations out as x_source says. allow_token_fragments = false keeps to the kernels
-// that take the experiment options (rescale promotion, bulk combine).
+// that take the experiment options (rescale promotion, bulk combine). routes_in_bins: the routes
+// can reach the GEMM in expert bins (GemmFp8Params::expert_counts; routes from logits, fast
+// combine), which lets batches above kGatherMaxTokens gather by token too.
 GemmFp8Config choose_gemm_fp8_config(int64_t tokens, int64_t topk, int64_t experts, int64_t n, int64_t k,
-                                     bool deterministic, const DeviceInfo& device, bool allow_token_fragments = true);
+                                     bool deterministic, const DeviceInfo& device, bool allow_token_fragments = true,
+                                     bool routes_in_bins = false);
 
 // Sets GemmFp8Config::handoff_epilogue and the pipeline depth instantiated with it.
 void set_handoff_epilogue(GemmFp8Config& c, bool on);

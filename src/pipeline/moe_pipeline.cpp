@@ -34,9 +34,11 @@ constexpr int64_t kTokenMasksMinRoutes = 4096;
 bool token_fragments_allowed(const Options& o) { return !o.rescale_promotion && !o.bulk_combine; }
 
 // The GEMM config for a run of `tokens`: the chooser's, with the options' experiments applied.
-GemmFp8Config gemm_config_for(const Shape& s, const Options& o, int64_t tokens, const DeviceInfo& dev) {
+// routes_in_bins: the run's routes can reach the GEMM in expert bins (routes_through_bins).
+GemmFp8Config gemm_config_for(const Shape& s, const Options& o, int64_t tokens, const DeviceInfo& dev,
+                              bool routes_in_bins) {
   GemmFp8Config gc = choose_gemm_fp8_config(tokens, s.topk, s.experts, s.inter, s.hidden, o.deterministic, dev,
-                                            token_fragments_allowed(o));
+                                            token_fragments_allowed(o), routes_in_bins);
   gc.prefetch = gc.prefetch && o.prefetch_weights;
   gc.rescale_promotion = o.rescale_promotion;
   if (gc.rescale_promotion) set_handoff_epilogue(gc, false);  // the experiment has no hand-off kernel
@@ -62,12 +64,17 @@ int64_t largest_sorted_batch(const Shape& s, const Options& o, int64_t tokens) {
   return 0;
 }
 
-// Whether some batch of at most `tokens` routes into expert bins (Options::expert_bins): the fast
-// combine on the register-loaded GEMM, which batches take from a rows-per-expert threshold up to
-// the kernel's 32-bit limit (use_token_fragments), so checking the largest batch below that limit
-// suffices.
+// Whether some batch of at most `tokens` routes into expert bins (Options::expert_bins), with the
+// fast combine: the gathering GEMM above kGatherMaxTokens tokens while experts have at most
+// kGatherBinsMaxRowsPerExpert rows (so the smallest such batch decides), and the register-loaded
+// GEMM, which batches take from a rows-per-expert threshold up to the kernel's 32-bit limit
+// (use_token_fragments), so checking the largest batch below that limit suffices.
 bool plan_uses_bins(const Shape& s, const Options& o, int64_t tokens) {
   if (!o.expert_bins || o.deterministic || !token_fragments_allowed(o)) return false;
+  const int64_t smallest_above_gather = kGatherMaxTokens + 1;
+  if (tokens >= smallest_above_gather &&
+      double(smallest_above_gather) * double(s.topk) / double(s.experts) <= kGatherBinsMaxRowsPerExpert)
+    return true;
   const int64_t below_limit = std::min(tokens, ((int64_t(1) << 31) - 1) / std::max<int64_t>(s.hidden, 1));
   return use_token_fragments(below_limit, s.topk, s.experts, s.hidden);
 }
@@ -109,9 +116,6 @@ Plan plan(const Shape& s, const Routing& r, const Options& o) {
   p.sm_count = dev->sm_count;
   p.l2_bytes = dev->l2_bytes;
   p.device_name = dev->name;
-  const GemmFp8Config gc = gemm_config_for(s, o, s.tokens, *dev);  // as run() will launch it
-  p.gemm_config = gc.str();
-
   const int64_t T = s.tokens, Tp = padded_rows(T), K = s.hidden, N = s.inter;
   // Activation rows: one per token, or one per route for the largest batch of the plan that takes
   // the sorted copy (batches above kGatherMaxTokens that use_token_fragments leaves to it).
@@ -142,6 +146,8 @@ Plan plan(const Shape& s, const Routing& r, const Options& o) {
   L.status = carve(c, sizeof(LayerStatus));
   L.total = c;
   L.x_rows = x_rows;
+  // As run() will launch it for the plan's largest batch from router logits.
+  p.gemm_config = gemm_config_for(s, o, s.tokens, *dev, routes_through_bins(p, s.tokens, true)).str();
   return p;
 }
 
@@ -155,7 +161,11 @@ std::string describe(const Plan& p) {
     << "kernels (GEMM gathering by token): route (warp per token) + quantise (1x128, bit-exact, token order) in one "
        "launch -> dispatch (counts, scan, stable rows; one CTA up to " << kSmallBatchMaxRoutes
     << " routes; for softmax up to " << kSmallBatchMaxTokens
-    << " tokens routing, dispatch and quantise are one launch, routed by a cluster of 4 CTAs above 8 tokens) -> GEMM\n"
+    << " tokens routing, dispatch and quantise are one launch, routed by a cluster of 4 CTAs above 8 tokens) -> GEMM; "
+       "above " << kGatherMaxTokens << " tokens up to " << kGatherBinsMaxRowsPerExpert
+    << " routed rows per expert from logits with the fast combine, a one-CTA counter clear -> route + quantise + "
+       "append each route to its expert's bin -> GEMM walking (expert, weight block, chunk of <= "
+    << kGatherMaxTokens << " rows) units\n"
     << "kernels (GEMM loading rows by token into registers, from " << kTokenFragmentsMinRowsPerExpert
     << " routed rows per expert, and in 64 x 256 tiles from " << kWideTilesRowsPerExpert[0] << " to "
     << kWideTilesRowsPerExpert[1] << "): route + quantise (token order, codes in wgmma A-fragment order) in one launch -> "
@@ -184,19 +194,29 @@ bool fused_route_dispatch(const Plan& p, int64_t tokens, bool from_logits) {
          route_dispatch_small_fits(int(tokens), int(p.shape.topk), int(p.shape.experts), p.routing);
 }
 
-Chain chain_for(const Plan& p, int64_t tokens, bool from_logits) {
-  DeviceInfo dev;
+bool routes_through_bins(const Plan& p, int64_t tokens, bool from_logits) {
+  return from_logits && !fused_route_dispatch(p, tokens, from_logits) && !p.options.deterministic &&
+         p.layout.bin_stride >= tokens;
+}
+
+GemmFp8Config gemm_config_for(const Plan& p, int64_t tokens, bool from_logits) {
+  DeviceInfo dev;  // what the chooser needs, fixed at plan time (no device query per run)
   dev.sm_count = p.sm_count;
   dev.l2_bytes = p.l2_bytes;
+  return gemm_config_for(p.shape, p.options, tokens, dev, routes_through_bins(p, tokens, from_logits));
+}
+
+Chain chain_for(const Plan& p, int64_t tokens, bool from_logits) {
   const Shape& s = p.shape;
   Chain c;
-  const XSource x_source = gemm_config_for(s, p.options, tokens, dev).x_source;
+  const XSource x_source = gemm_config_for(p, tokens, from_logits).x_source;
   c.sorted_rows = x_source == XSource::sorted_rows;
   c.fused_route_dispatch = fused_route_dispatch(p, tokens, from_logits);
   c.quant_with_route = from_logits && !c.sorted_rows;
-  // Expert bins: the register-loaded GEMM reads each expert's rows from the bins the routing fills.
-  c.expert_bins = from_logits && !c.sorted_rows && !c.fused_route_dispatch && !p.options.deterministic &&
-                  p.layout.bin_stride >= tokens && x_source == XSource::token_fragments;
+  // Expert bins: the register-loaded GEMM, and the gathering GEMM above kGatherMaxTokens tokens,
+  // read each expert's rows from the bins the routing fills.
+  c.expert_bins = routes_through_bins(p, tokens, from_logits) && !c.sorted_rows &&
+                  (x_source == XSource::token_fragments || tokens > kGatherMaxTokens);
   // Routes from logits have distinct ids per token, which the fused kernel's token masks need.
   c.dispatch_with_quant = from_logits && c.sorted_rows && !c.fused_route_dispatch &&
                           dispatch_quant_fits(tokens, s.topk, s.experts);
@@ -236,7 +256,7 @@ void run_stages(const Plan& p, const Weights& w, const Inputs& in, void* output,
   DeviceInfo dev;  // what the launchers need, fixed at plan time (no device query per run)
   dev.sm_count = p.sm_count;
   dev.l2_bytes = p.l2_bytes;
-  const GemmFp8Config gc = gemm_config_for(s, p.options, T, dev);  // as plan() chose
+  const GemmFp8Config gc = gemm_config_for(p, T, from_logits);  // as chain_for chose
   const Chain chain = chain_for(p, T, from_logits);  // the same config choice, so the same layout
   const bool sorted = chain.sorted_rows;
   const int64_t x_rows = sorted ? padded_rows(int64_t(T) * k) : padded_rows(T);

@@ -19,6 +19,9 @@ enum class Stages {
 
 // Whether a run of `tokens` tokens from router logits uses the fused route+dispatch kernel.
 bool fused_route_dispatch(const Plan& p, int64_t tokens, bool from_logits);
+// Whether its routes can reach the GEMM in expert bins (from logits, fast combine, not fused, bins
+// in the plan's workspace); the GEMM config then decides whether they do (Chain::expert_bins).
+bool routes_through_bins(const Plan& p, int64_t tokens, bool from_logits);
 
 // The kernels a run launches before the GEMM, and what each one does.
 struct Chain {

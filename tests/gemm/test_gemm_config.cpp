@@ -43,6 +43,32 @@ TEST(GemmFp8Config, TokenFragmentRangesAndWideTiles) {
   }
 }
 
+// Routes in expert bins (from logits, fast combine): batches above kGatherMaxTokens gather by token
+// while experts have at most kGatherBinsMaxRowsPerExpert rows (24 on the preset: T = 768), with no
+// split-K (the chunk walk takes none); otherwise the choice is the one without bins.
+TEST(GemmFp8Config, GatheringFromExpertBins) {
+  for (const int64_t t : {int64_t(33), int64_t(128), int64_t(512), int64_t(768)}) {
+    const GemmFp8Config c = choose_gemm_fp8_config(t, 8, 256, 512, 2048, false, h200_like(), true, true);
+    EXPECT_EQ(c.x_source, XSource::gather_by_token) << t;
+    EXPECT_EQ(c.split_k, 1) << t;
+    EXPECT_FALSE(c.dynamic) << t;
+    EXPECT_FALSE(c.handoff_epilogue) << t;
+    EXPECT_EQ(choose_gemm_fp8_config(t, 8, 256, 512, 2048, false, h200_like()).x_source, XSource::sorted_rows) << t;
+    // The deterministic combine takes no bins; the experiment options keep to their kernels.
+    EXPECT_EQ(choose_gemm_fp8_config(t, 8, 256, 512, 2048, true, h200_like(), true, true).x_source,
+              XSource::sorted_rows) << t;
+    EXPECT_EQ(choose_gemm_fp8_config(t, 8, 256, 512, 2048, false, h200_like(), false, true).x_source,
+              XSource::sorted_rows) << t;
+  }
+  EXPECT_EQ(choose_gemm_fp8_config(769, 8, 256, 512, 2048, false, h200_like(), true, true).x_source,
+            XSource::sorted_rows);
+  EXPECT_EQ(choose_gemm_fp8_config(2048, 8, 256, 512, 2048, false, h200_like(), true, true).x_source,
+            XSource::token_fragments);
+  // Few units (8 experts x 4 weight blocks): no split-K with the chunk walk, split-K without bins.
+  EXPECT_EQ(choose_gemm_fp8_config(40, 2, 8, 512, 2048, false, h200_like(), true, true).split_k, 1);
+  EXPECT_GT(choose_gemm_fp8_config(40, 2, 8, 512, 2048, false, h200_like()).split_k, 1);
+}
+
 // The register-loaded GEMM's L2 priorities once the weight stream outgrows half of L2: activation
 // rows evict-last; weights evict-first while an expert's rows fit about one and a half 128-row tiles.
 TEST(GemmFp8Config, TokenFragmentEvictionPriorities) {

@@ -204,8 +204,10 @@ void run_case(const GemmCase& c, CombineMode mode, uint64_t seed) {
     }
   // Expert bins (what the routing fills for the fast combine): each expert's rows in a bin of its
   // own, stride beyond the most rows, in a shuffled order; the slots past a bin's count hold token 0
-  // with a NaN weight, which would poison the output if the kernel read them.
-  if (frag_ok && mode == CombineMode::atomic) {
+  // with a NaN weight, which would poison the output if the kernel read them. Read by the
+  // register-loaded kernel and by the gathering one (its chunk walk: an expert's rows in chunks of
+  // at most 32, each chunk its own unit).
+  if (mode == CombineMode::atomic) {
     const int stride = int(s.tokens) + 3;
     std::vector<int32_t> counts(size_t(s.experts) * kBinCountStride, -1), bin_token(size_t(s.experts * stride), 0);
     std::vector<float> bin_weight(size_t(s.experts * stride), NAN);
@@ -229,7 +231,7 @@ void run_case(const GemmCase& c, CombineMode mode, uint64_t seed) {
     p.row_token = dbtok.as<int32_t>();
     p.row_weight = dbwt.as<float>();
     for (const bool wide : {false, true}) {
-      if (wide && K % 256 != 0) continue;
+      if (!frag_ok || (wide && K % 256 != 0)) continue;
       GemmFp8Config cfg;
       cfg.x_source = XSource::token_fragments;
       cfg.wide_tiles = wide;
@@ -240,6 +242,23 @@ void run_case(const GemmCase& c, CombineMode mode, uint64_t seed) {
       EXPECT_LE(e.overall, 2e-3);
       EXPECT_LE(e.worst_row, 1e-2) << "worst token row " << e.worst_row_index;
     }
+    // Gathering: round robin or balanced shares, with PDL (the dry walk before the wait over the
+    // first chunks) and without.
+    for (const bool balanced : {false, true})
+      for (const bool pdl : {false, true}) {
+        GemmFp8Config cfg = chosen;
+        cfg.x_source = XSource::gather_by_token;
+        cfg.split_k = 1;
+        cfg.dynamic = false;
+        cfg.balanced = balanced;
+        cfg.warm_up = true;
+        set_handoff_epilogue(cfg, false);
+        SCOPED_TRACE(cfg.str() + ", expert bins");
+        got = launch(cfg, pdl);
+        const ErrorStats e = relative_error(got.data(), ref.data(), out_rows, N);
+        EXPECT_LE(e.overall, 2e-3);
+        EXPECT_LE(e.worst_row, 1e-2) << "worst token row " << e.worst_row_index;
+      }
     p.offsets = doff.as<int32_t>();
     p.expert_counts = nullptr;
     p.expert_stride = 0;
@@ -299,6 +318,9 @@ TEST(GemmFp8Gpu, ChunkWidthsFromOneToManyRowsPerExpert) {
   run_case({300, 1024, 256, 8, 2, "concentrated"}, CombineMode::atomic, seed); // 300 rows: 128+128+44
   run_case({128, 2048, 512, 256, 8, "hot:0.9"}, CombineMode::store, seed);
   run_case({128, 2048, 512, 256, 8, "zipf:1.2"}, CombineMode::atomic, seed);
+  // 512 experts: the chunk walk's 16 groups of 32 over 12 warps (warps 0-3 take two), and hot
+  // experts with several chunks each.
+  run_case({200, 512, 256, 512, 8, "hot:0.9"}, CombineMode::atomic, seed);
 }
 
 TEST(GemmFp8Gpu, RowTilesOfManyRowsPerExpert) {

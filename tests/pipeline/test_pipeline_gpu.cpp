@@ -5,6 +5,7 @@
 
 #include <cmath>
 #include <cstring>
+#include <utility>
 
 #include "bench/device_buffer.hpp"
 #include "gemm/gemm_fp8_block_sm90.cuh"
@@ -27,6 +28,7 @@ struct Case {
   const char* dist;
   bool from_logits = true;  // random distribution only: route on the GPU
   Routing routing{};
+  bool skew_logits = false;  // other distributions: route on the GPU from logits that pick their ids
 };
 
 // Device copies of one workload and a helper to run the layer on them.
@@ -44,6 +46,7 @@ struct Harness {
     routing = c.routing;
     weights = make_weights(shape, seed);
     routes = make_routes(shape, routing, parse_distribution(c.dist), seed + 1);
+    if (c.skew_logits) route_from_logits(shape, routing, seed + 1, routes);
     hidden = make_hidden(shape, seed + 2);
     w1 = DeviceBuffer::from(weights.w1_q);
     w1s = DeviceBuffer::from(weights.w1_scales);
@@ -107,10 +110,8 @@ void expect_close(const std::vector<float>& got, const std::vector<double>& ref,
   EXPECT_LE(e.worst_row, 1e-2) << "worst token row " << e.worst_row_index;
 }
 
-void check_case(const Case& c, uint64_t seed, bool gpu_reference) {
-  SCOPED_TRACE(testing::Message() << "T=" << c.tokens << " K=" << c.hidden << " N=" << c.inter << " E=" << c.experts
-                                  << " k=" << c.topk << " " << c.dist);
-  Harness hs(c, seed);
+// One run of the harness's workload against the reference (CPU, or the GPU one for large shapes).
+void check_run(Harness& hs, const Case& c, bool gpu_reference) {
   const std::vector<float> got = hs.run_once();
   const TopK used = hs.device_routes();
   if (c.routing.scoring == Scoring::softmax && hs.logits.get()) {
@@ -119,6 +120,13 @@ void check_case(const Case& c, uint64_t seed, bool gpu_reference) {
   const std::vector<double> ref = gpu_reference ? test::reference_single_fp8_gpu(hs.weights, hs.hidden, used)
                                                 : layer_ref(hs.weights, hs.hidden.data(), used).out;
   expect_close(got, ref, c.tokens, c.inter);
+}
+
+void check_case(const Case& c, uint64_t seed, bool gpu_reference) {
+  SCOPED_TRACE(testing::Message() << "T=" << c.tokens << " K=" << c.hidden << " N=" << c.inter << " E=" << c.experts
+                                  << " k=" << c.topk << " " << c.dist);
+  Harness hs(c, seed);
+  check_run(hs, c, gpu_reference);
 }
 
 TEST(PipelineGpu, Qwen35SinglePreset) {
@@ -142,6 +150,27 @@ TEST(PipelineGpu, CoversEveryTokenExpertTopkAndWidth) {
   check_case({2, 2048, 512, 64, 8, "random"}, seed, false);
   check_case({8, 7168, 512, 256, 8, "random"}, seed, false);
   check_case({32, 2048, 512, 256, 8, "random"}, seed, false);
+}
+
+// Skewed routes from router logits, through the routing kernel and its expert bins: batches above
+// 32 tokens with few rows per expert on average gather from the bins (chunk walk), where skew puts
+// tens to hundreds of rows on some experts (several chunks each); larger batches, the
+// register-loaded GEMM.
+TEST(PipelineGpu, SkewedRoutesFromLogitsThroughExpertBins) {
+  LOOM_REQUIRE_GPU();
+  LOOM_FRESH_SEED();
+  for (Case c : {Case{128, 2048, 512, 256, 8, "hot:0.9"}, Case{128, 2048, 512, 256, 8, "zipf:1.2"},
+                 Case{128, 2048, 512, 256, 8, "concentrated"}, Case{512, 2048, 512, 256, 8, "zipf:1.2"},
+                 Case{40, 192, 80, 8, 2, "concentrated"}, Case{300, 2048, 512, 64, 2, "balanced"},
+                 Case{2048, 2048, 512, 256, 8, "hot:0.9"}}) {
+    SCOPED_TRACE(testing::Message() << "T=" << c.tokens << " E=" << c.experts << " k=" << c.topk << " " << c.dist);
+    c.skew_logits = true;
+    Harness hs(c, seed);
+    const Chain chain = chain_for(hs.plan, c.tokens, true);
+    EXPECT_TRUE(chain.expert_bins);
+    EXPECT_FALSE(chain.sorted_rows);
+    check_run(hs, c, c.tokens > 1000);
+  }
 }
 
 TEST(PipelineGpu, LargeShapesAgainstGpuReference) {
@@ -325,18 +354,21 @@ TEST(PipelineGpu, BadDeviceDataIsCountedNotFatal) {
 TEST(PipelineGpu, ExpertBinsRunAfterRunWithNanTokens) {
   LOOM_REQUIRE_GPU();
   LOOM_FRESH_SEED();
+  // 256 rows per expert (register-loaded GEMM) and 4 (gathering GEMM, chunk walk).
+  for (const auto& [tokens, experts] : {std::pair<int64_t, int64_t>{1024, 8}, std::pair<int64_t, int64_t>{128, 64}})
   for (const bool bins : {true, false}) {
-    SCOPED_TRACE(bins ? "expert bins" : "dispatch kernels");
+    SCOPED_TRACE(testing::Message() << (bins ? "expert bins" : "dispatch kernels") << ", T=" << tokens);
     Options o;
     o.expert_bins = bins;
-    Harness hs({1024, 512, 128, 8, 2, "random"}, seed, o);
+    Harness hs({tokens, 512, 128, experts, 2, "random"}, seed, o);
     ASSERT_EQ(chain_for(hs.plan, hs.shape.tokens, true).expert_bins, bins);
     EXPECT_EQ(hs.plan.layout.bin_stride, bins ? hs.shape.tokens : 0);
     std::vector<float> logits = hs.routes.logits;
-    for (int e = 0; e < 8; ++e) logits[size_t(70 * 8 + e)] = NAN;  // token 70: all NaN
-    logits[size_t(901 * 8 + 5)] = NAN;                            // token 901: one NaN
+    const int64_t E = experts, partly_nan = tokens - 27;
+    for (int64_t e = 0; e < E; ++e) logits[size_t(70 * E + e)] = NAN;  // token 70: all NaN
+    logits[size_t(partly_nan * E + 5)] = NAN;                         // one NaN
     hs.logits = DeviceBuffer::from(logits);
-    const TopK ref_routes = route_ref(logits.data(), hs.shape.tokens, 8, 2, hs.routing);
+    const TopK ref_routes = route_ref(logits.data(), hs.shape.tokens, E, 2, hs.routing);
     const std::vector<double> ref = layer_ref(hs.weights, hs.hidden.data(), ref_routes).out;
     for (int r = 0; r < 3; ++r) {
       SCOPED_TRACE(testing::Message() << "run " << r);

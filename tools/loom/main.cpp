@@ -51,7 +51,7 @@ bench options:
   --no-pdl --eager --no-fuse   switch off programmatic dependent launch / graph replay (time
                          eager launches) / the fused small-batch route+dispatch kernels
   --no-bins              the count and dispatch kernels instead of the routing's expert bins
-                         (register-loaded GEMM batches)
+                         (register-loaded GEMM batches, and gathering ones above 32 tokens)
   --dist-logits          run a distribution of ids (balanced, zipf, hot, ...) from router logits
                          whose softmax top-k are those ids, through the routing kernel
   --prefetch             L2-prefetch each GEMM CTA's first weight tile before the PDL wait
