@@ -1083,9 +1083,10 @@ std::string GemmFp8Config::str() const {
          (warm_up ? ", instruction-cache warm-up before the PDL wait" : "");
 }
 
-bool use_token_fragments(int64_t tokens, int64_t topk, int64_t experts, int64_t k) {
+bool use_token_fragments(int64_t tokens, int64_t topk, int64_t experts, int64_t k, bool routes_in_bins) {
   const double rows = double(tokens) * double(topk) / double(experts);
-  const bool wide = rows >= kWideTilesRowsPerExpert[0] && rows < kWideTilesRowsPerExpert[1] && k % (2 * kBlockK) == 0;
+  const double wide_from = routes_in_bins ? kWideTilesFromBinsRowsPerExpert : kWideTilesRowsPerExpert[0];
+  const bool wide = rows >= wide_from && rows < kWideTilesRowsPerExpert[1] && k % (2 * kBlockK) == 0;
   return (rows >= kTokenFragmentsMinRowsPerExpert || wide) &&
          k % kBlockK == 0 && k >= kRegsRing * kBlockK && k <= kRegsMaxK && experts <= kMaxHitExperts &&
          tokens * k < (int64_t(1) << 31);
@@ -1123,8 +1124,9 @@ GemmFp8Config choose_gemm_fp8_config(int64_t tokens, int64_t topk, int64_t exper
   // 94.2 / 98.7; skewed routes from logits, T=128 / 512: hot:0.9 75.9 / 84.8 vs 76.1 / 101.2,
   // zipf:1.2 60.5 / 94.2 vs 58.7 / 95.6 (zipf's hot experts' further chunks re-read their weights).
   const double rows_per_expert = double(tokens) * double(topk) / double(experts);
-  const bool gather_from_bins = routes_in_bins && !deterministic && allow_token_fragments &&
-                                tokens > kGatherMaxTokens && rows_per_expert <= kGatherBinsMaxRowsPerExpert;
+  const bool gather_from_bins_allowed = routes_in_bins && !deterministic && allow_token_fragments;
+  const bool gather_from_bins =
+      gather_from_bins_allowed && tokens > kGatherMaxTokens && rows_per_expert <= kGatherBinsMaxRowsPerExpert;
   c.x_source = tokens <= kGatherMaxTokens || gather_from_bins ? XSource::gather_by_token : XSource::sorted_rows;
   // L2 eviction priority, when the weight stream outgrows about half of L2 (below that nothing
   // useful is evicted, and T=1 measured 0.2-0.6 us slower with the hint). While an expert's rows
@@ -1171,7 +1173,13 @@ GemmFp8Config choose_gemm_fp8_config(int64_t tokens, int64_t topk, int64_t exper
   // switch, x2 in one call; seventeenth session): T=896 (28 rows) 98.1-98.2 / 99.6-99.7 / -;
   // T=1024 (32) 101.8-101.9 / 99.7-99.9 / 102.7; T=1536 (48) - / 106.1-106.2 / 109.4-109.5;
   // T=1792 (56) - / 116.5 / 114.8-114.9; T=2048 (64) 129.2-129.3 / 125.3-125.6 / 118.4-118.7 us.
-  if (allow_token_fragments && use_token_fragments(tokens, topk, experts, k)) {
+  // With expert bins the register-loaded kernel has no count or dispatch kernel before it, and its
+  // wide tiles win from fewer rows. Measured e2e, from logits, wide tiles from 8 rows per expert vs
+  // the choice below 22 rows (one call, x2; twenty-first session): 16 / 20 / 24 / 28 rows (T=512 /
+  // 640 / 768 / 896) 82.3-82.4 / 83.7-83.8 / 84.0 / 84.4-84.5 vs 78.9-79.3 (bins, gathered) /
+  // 80.4-80.5 (bins, gathered) / 88.7 (bins, gathered) / 98.7 us (sorted rows); skewed, T=512 / 768:
+  // zipf:1.2 89.6 / 92.6 vs 94.0 / 112.2, hot:0.9 83.5 / 88.4 vs 84.6 / 90.1.
+  if (allow_token_fragments && use_token_fragments(tokens, topk, experts, k, gather_from_bins_allowed)) {
     c = GemmFp8Config{};
     c.x_source = XSource::token_fragments;
     c.prefetch = false;

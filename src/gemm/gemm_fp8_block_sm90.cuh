@@ -54,15 +54,18 @@ inline constexpr int kGatherMaxTokens = 32;
 inline constexpr double kGatherBinsMaxRowsPerExpert = 24.0;  // T=768 on the preset (28 rows lost)
 // token_fragments from this many routed rows per expert (uniform routing), where K allows it, and
 // in wide tiles (GemmFp8Config::wide_tiles; K a multiple of 256) for [kWideTilesRowsPerExpert[0],
-// [1]) rows per expert (the measurements: choose_gemm_fp8_config).
+// [1]) rows per expert, or from kWideTilesFromBinsRowsPerExpert where the routes reach the GEMM in
+// expert bins (no count or dispatch kernel before it; the measurements: choose_gemm_fp8_config).
 inline constexpr double kTokenFragmentsMinRowsPerExpert = 52.0;
 inline constexpr double kWideTilesRowsPerExpert[2] = {30.0, kTokenFragmentsMinRowsPerExpert};
+inline constexpr double kWideTilesFromBinsRowsPerExpert = 22.0;
 inline constexpr int kRegsRing = 3;        // the kernel's K blocks in registers: K >= 128 kRegsRing
 inline constexpr int kRegsTileRows = 128;  // an expert's token rows per tile (128 x 128 tiles)
 inline constexpr int kRegsMaxK = 64 * 128; // its weight scales per unit in shared memory
 // Whether choose_gemm_fp8_config reads token_fragments for this batch (from the wide-tile range on
-// where K is a multiple of 256, else from kTokenFragmentsMinRowsPerExpert).
-bool use_token_fragments(int64_t tokens, int64_t topk, int64_t experts, int64_t k);
+// where K is a multiple of 256, else from kTokenFragmentsMinRowsPerExpert). routes_in_bins: as the
+// chooser's (the wide tiles then start lower).
+bool use_token_fragments(int64_t tokens, int64_t topk, int64_t experts, int64_t k, bool routes_in_bins = false);
 
 struct GemmFp8Config {
   int stages = 6;        // TMA pipeline depth (weight tile 16 KiB + activation tile per stage)

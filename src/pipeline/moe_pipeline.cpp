@@ -50,7 +50,8 @@ GemmFp8Config gemm_config_for(const Shape& s, const Options& o, int64_t tokens, 
 // above kGatherMaxTokens that use_token_fragments leaves to it: sorted rows, then (where K allows)
 // wide register tiles, then register tiles, up to the kernel's 32-bit limit, where a largest batch
 // may take sorted rows again. So a downward scan; above kTokenFragmentsMinRowsPerExpert rows per
-// expert every batch takes fragments if the largest does.
+// expert every batch takes fragments if the largest does. Without expert bins (routes from ids), so
+// the wide tiles from their higher threshold: the copy then holds every batch either way.
 int64_t largest_sorted_batch(const Shape& s, const Options& o, int64_t tokens) {
   auto fragments = [&](int64_t t) {
     return token_fragments_allowed(o) && use_token_fragments(t, s.topk, s.experts, s.hidden);
@@ -76,7 +77,7 @@ bool plan_uses_bins(const Shape& s, const Options& o, int64_t tokens) {
       double(smallest_above_gather) * double(s.topk) / double(s.experts) <= kGatherBinsMaxRowsPerExpert)
     return true;
   const int64_t below_limit = std::min(tokens, ((int64_t(1) << 31) - 1) / std::max<int64_t>(s.hidden, 1));
-  return use_token_fragments(below_limit, s.topk, s.experts, s.hidden);
+  return use_token_fragments(below_limit, s.topk, s.experts, s.hidden, true);
 }
 
 // Buffers start on 1 KiB boundaries (TMA needs 16 B; 1 KiB keeps every carve-up simple).

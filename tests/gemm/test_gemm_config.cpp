@@ -47,7 +47,7 @@ TEST(GemmFp8Config, TokenFragmentRangesAndWideTiles) {
 // while experts have at most kGatherBinsMaxRowsPerExpert rows (24 on the preset: T = 768), with no
 // split-K (the chunk walk takes none); otherwise the choice is the one without bins.
 TEST(GemmFp8Config, GatheringFromExpertBins) {
-  for (const int64_t t : {int64_t(33), int64_t(128), int64_t(512), int64_t(768)}) {
+  for (const int64_t t : {int64_t(33), int64_t(128), int64_t(512), int64_t(703)}) {
     const GemmFp8Config c = choose_gemm_fp8_config(t, 8, 256, 512, 2048, false, h200_like(), true, true);
     EXPECT_EQ(c.x_source, XSource::gather_by_token) << t;
     EXPECT_EQ(c.split_k, 1) << t;
@@ -60,10 +60,24 @@ TEST(GemmFp8Config, GatheringFromExpertBins) {
     EXPECT_EQ(choose_gemm_fp8_config(t, 8, 256, 512, 2048, false, h200_like(), false, true).x_source,
               XSource::sorted_rows) << t;
   }
-  EXPECT_EQ(choose_gemm_fp8_config(769, 8, 256, 512, 2048, false, h200_like(), true, true).x_source,
+  EXPECT_EQ(choose_gemm_fp8_config(769, 8, 256, 512, 1152, false, h200_like(), true, true).x_source,
             XSource::sorted_rows);
   EXPECT_EQ(choose_gemm_fp8_config(2048, 8, 256, 512, 2048, false, h200_like(), true, true).x_source,
             XSource::token_fragments);
+  // With bins the register-loaded kernel's wide tiles start at kWideTilesFromBinsRowsPerExpert (22
+  // rows: T = 704), without them at kWideTilesRowsPerExpert[0] (30: T = 960).
+  const GemmFp8Config wide_from_bins = choose_gemm_fp8_config(704, 8, 256, 512, 2048, false, h200_like(), true, true);
+  EXPECT_EQ(wide_from_bins.x_source, XSource::token_fragments);
+  EXPECT_TRUE(wide_from_bins.wide_tiles);
+  EXPECT_EQ(choose_gemm_fp8_config(703, 8, 256, 512, 2048, false, h200_like(), true, true).x_source,
+            XSource::gather_by_token);
+  EXPECT_EQ(choose_gemm_fp8_config(704, 8, 256, 512, 2048, false, h200_like()).x_source, XSource::sorted_rows);
+  EXPECT_TRUE(use_token_fragments(704, 8, 256, 2048, true));
+  EXPECT_FALSE(use_token_fragments(704, 8, 256, 2048));
+  EXPECT_TRUE(use_token_fragments(960, 8, 256, 2048));
+  // Where K rules out wide tiles (not a multiple of 256), bins keep the gathering kernel to 24 rows.
+  EXPECT_EQ(choose_gemm_fp8_config(768, 8, 256, 512, 1152, false, h200_like(), true, true).x_source,
+            XSource::gather_by_token);
   // Few units (8 experts x 4 weight blocks): no split-K with the chunk walk, split-K without bins.
   EXPECT_EQ(choose_gemm_fp8_config(40, 2, 8, 512, 2048, false, h200_like(), true, true).split_k, 1);
   EXPECT_GT(choose_gemm_fp8_config(40, 2, 8, 512, 2048, false, h200_like()).split_k, 1);
