@@ -1174,11 +1174,12 @@ GemmFp8Config choose_gemm_fp8_config(int64_t tokens, int64_t topk, int64_t exper
   // T=1024 (32) 101.8-101.9 / 99.7-99.9 / 102.7; T=1536 (48) - / 106.1-106.2 / 109.4-109.5;
   // T=1792 (56) - / 116.5 / 114.8-114.9; T=2048 (64) 129.2-129.3 / 125.3-125.6 / 118.4-118.7 us.
   // With expert bins the register-loaded kernel has no count or dispatch kernel before it, and its
-  // wide tiles win from fewer rows. Measured e2e, from logits, wide tiles from 8 rows per expert vs
-  // the choice below 22 rows (one call, x2; twenty-first session): 16 / 20 / 24 / 28 rows (T=512 /
-  // 640 / 768 / 896) 82.3-82.4 / 83.7-83.8 / 84.0 / 84.4-84.5 vs 78.9-79.3 (bins, gathered) /
-  // 80.4-80.5 (bins, gathered) / 88.7 (bins, gathered) / 98.7 us (sorted rows); skewed, T=512 / 768:
-  // zipf:1.2 89.6 / 92.6 vs 94.0 / 112.2, hot:0.9 83.5 / 88.4 vs 84.6 / 90.1.
+  // wide tiles win from fewer rows. Measured e2e from logits, wide tiles vs the gathering kernel
+  // from bins (one call, x3; twenty-first session): 22 / 23 / 23.5 / 24 rows per expert (T=704 /
+  // 736 / 752 / 768) 83.8-83.9 / 84.6-84.7 / 84.2-84.3 / 84.4-84.5 vs 80.7-80.8 / 80.7-81.0 /
+  // 81.0-81.1 / 88.7-89.0 us; at 28 rows (T=896) 85.9-86.0 vs 98.7-98.9 on sorted rows. Skew
+  // favours the wide tiles earlier (zipf:1.2, T=704 / 736: 92.3 / 93.4 vs 104.3 / 112.3); the
+  // chooser, as everywhere, assumes uniform routing.
   if (allow_token_fragments && use_token_fragments(tokens, topk, experts, k, gather_from_bins_allowed)) {
     c = GemmFp8Config{};
     c.x_source = XSource::token_fragments;

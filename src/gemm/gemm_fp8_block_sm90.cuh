@@ -58,7 +58,7 @@ inline constexpr double kGatherBinsMaxRowsPerExpert = 24.0;  // T=768 on the pre
 // expert bins (no count or dispatch kernel before it; the measurements: choose_gemm_fp8_config).
 inline constexpr double kTokenFragmentsMinRowsPerExpert = 52.0;
 inline constexpr double kWideTilesRowsPerExpert[2] = {30.0, kTokenFragmentsMinRowsPerExpert};
-inline constexpr double kWideTilesFromBinsRowsPerExpert = 22.0;
+inline constexpr double kWideTilesFromBinsRowsPerExpert = 24.0;
 inline constexpr int kRegsRing = 3;        // the kernel's K blocks in registers: K >= 128 kRegsRing
 inline constexpr int kRegsTileRows = 128;  // an expert's token rows per tile (128 x 128 tiles)
 inline constexpr int kRegsMaxK = 64 * 128; // its weight scales per unit in shared memory

@@ -47,7 +47,7 @@ TEST(GemmFp8Config, TokenFragmentRangesAndWideTiles) {
 // while experts have at most kGatherBinsMaxRowsPerExpert rows (24 on the preset: T = 768), with no
 // split-K (the chunk walk takes none); otherwise the choice is the one without bins.
 TEST(GemmFp8Config, GatheringFromExpertBins) {
-  for (const int64_t t : {int64_t(33), int64_t(128), int64_t(512), int64_t(703)}) {
+  for (const int64_t t : {int64_t(33), int64_t(128), int64_t(512), int64_t(767)}) {
     const GemmFp8Config c = choose_gemm_fp8_config(t, 8, 256, 512, 2048, false, h200_like(), true, true);
     EXPECT_EQ(c.x_source, XSource::gather_by_token) << t;
     EXPECT_EQ(c.split_k, 1) << t;
@@ -64,16 +64,16 @@ TEST(GemmFp8Config, GatheringFromExpertBins) {
             XSource::sorted_rows);
   EXPECT_EQ(choose_gemm_fp8_config(2048, 8, 256, 512, 2048, false, h200_like(), true, true).x_source,
             XSource::token_fragments);
-  // With bins the register-loaded kernel's wide tiles start at kWideTilesFromBinsRowsPerExpert (22
-  // rows: T = 704), without them at kWideTilesRowsPerExpert[0] (30: T = 960).
-  const GemmFp8Config wide_from_bins = choose_gemm_fp8_config(704, 8, 256, 512, 2048, false, h200_like(), true, true);
+  // With bins the register-loaded kernel's wide tiles start at kWideTilesFromBinsRowsPerExpert (24
+  // rows: T = 768), without them at kWideTilesRowsPerExpert[0] (30: T = 960).
+  const GemmFp8Config wide_from_bins = choose_gemm_fp8_config(768, 8, 256, 512, 2048, false, h200_like(), true, true);
   EXPECT_EQ(wide_from_bins.x_source, XSource::token_fragments);
   EXPECT_TRUE(wide_from_bins.wide_tiles);
-  EXPECT_EQ(choose_gemm_fp8_config(703, 8, 256, 512, 2048, false, h200_like(), true, true).x_source,
+  EXPECT_EQ(choose_gemm_fp8_config(767, 8, 256, 512, 2048, false, h200_like(), true, true).x_source,
             XSource::gather_by_token);
-  EXPECT_EQ(choose_gemm_fp8_config(704, 8, 256, 512, 2048, false, h200_like()).x_source, XSource::sorted_rows);
-  EXPECT_TRUE(use_token_fragments(704, 8, 256, 2048, true));
-  EXPECT_FALSE(use_token_fragments(704, 8, 256, 2048));
+  EXPECT_EQ(choose_gemm_fp8_config(768, 8, 256, 512, 2048, false, h200_like()).x_source, XSource::sorted_rows);
+  EXPECT_TRUE(use_token_fragments(768, 8, 256, 2048, true));
+  EXPECT_FALSE(use_token_fragments(768, 8, 256, 2048));
   EXPECT_TRUE(use_token_fragments(960, 8, 256, 2048));
   // Where K rules out wide tiles (not a multiple of 256), bins keep the gathering kernel to 24 rows.
   EXPECT_EQ(choose_gemm_fp8_config(768, 8, 256, 512, 1152, false, h200_like(), true, true).x_source,
