@@ -1120,9 +1120,10 @@ GemmFp8Config choose_gemm_fp8_config(int64_t tokens, int64_t topk, int64_t exper
   // T=128 ~4 us instead of ~8), and the chunk walk spreads an expert's chunks over the CTAs. Measured
   // e2e, from bins vs dispatch + sorted rows (one call, x3; docs/perf.md, twenty-first session):
   // T=33 / 64 / 128 / 256 / 512 51.3 / 66.4 / 74.8 / 75.3 / 79.2 vs 54.7 / 69.0 / 76.2 / 78.9 /
-  // 83.5 us; at 20 / 24 / 28 rows per expert (T=640 / 768 / 896, x2) 83.2 / 91.5 / 100.3 vs 88.8 /
-  // 94.2 / 98.7; skewed routes from logits, T=128 / 512: hot:0.9 75.9 / 84.8 vs 76.1 / 101.2,
-  // zipf:1.2 60.5 / 94.2 vs 58.7 / 95.6 (zipf's hot experts' further chunks re-read their weights).
+  // 83.5 us; at 20 rows per expert (T=640, x2, an earlier build) 83.2 vs 88.8; skewed routes from
+  // logits, T=128 / 512: hot:0.9 75.9 / 84.8 vs 76.1 / 101.2, zipf:1.2 60.5 / 94.2 vs 58.7 / 95.6
+  // (zipf's hot experts' further chunks re-read their weights). From 24 rows the register-loaded
+  // kernel's wide tiles take over where K allows (below).
   const double rows_per_expert = double(tokens) * double(topk) / double(experts);
   const bool gather_from_bins_allowed = routes_in_bins && !deterministic && allow_token_fragments;
   const bool gather_from_bins =
