@@ -163,13 +163,14 @@ std::string describe(const Plan& p) {
        "launch -> dispatch (counts, scan, stable rows; one CTA up to " << kSmallBatchMaxRoutes
     << " routes; for softmax up to " << kSmallBatchMaxTokens
     << " tokens routing, dispatch and quantise are one launch, routed by a cluster of 4 CTAs above 8 tokens) -> GEMM; "
-       "above " << kGatherMaxTokens << " tokens up to " << kGatherBinsMaxRowsPerExpert
-    << " routed rows per expert from logits with the fast combine, a one-CTA counter clear -> route + quantise + "
+       "above " << kGatherMaxTokens << " tokens, below the wide tiles' start (at most " << kGatherBinsMaxRowsPerExpert
+    << " routed rows per expert), from logits with the fast combine, a one-CTA counter clear -> route + quantise + "
        "append each route to its expert's bin -> GEMM walking (expert, weight block, chunk of <= "
     << kGatherMaxTokens << " rows) units\n"
     << "kernels (GEMM loading rows by token into registers, from " << kTokenFragmentsMinRowsPerExpert
-    << " routed rows per expert, and in 64 x 256 tiles from " << kWideTilesRowsPerExpert[0] << " to "
-    << kWideTilesRowsPerExpert[1] << "): route + quantise (token order, codes in wgmma A-fragment order) in one launch -> "
+    << " routed rows per expert, and in 64 x 256 tiles from " << kWideTilesRowsPerExpert[0] << " (from "
+    << kWideTilesFromBinsRowsPerExpert << " with expert bins) to " << kWideTilesRowsPerExpert[1]
+    << "): route + quantise (token order, codes in wgmma A-fragment order) in one launch -> "
        "dispatch (a per-slice count kernel, then the dispatch) -> GEMM; with the fast combine and expert bins "
        "(routes from logits), a one-CTA counter clear -> route + quantise + append each route to its expert's "
        "bin -> GEMM reading the bins, no dispatch kernel\n"
