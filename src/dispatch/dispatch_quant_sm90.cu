@@ -107,7 +107,7 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
       for (int b = 0; b < kIdBatch; ++b) {
         const int i = base + b * kThreads + int(threadIdx.x);
-        m[b] = i < n ? (*(dp.token_masks + i)) : 0u;
+        m[b] = i < n ? dp.token_masks[i] : 0u;
       }
 #pragma unroll
       for (int b = 0; b < kIdBatch; ++b) {
@@ -122,7 +122,7 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
     for (int b = 0; b < kIdBatch; ++b) {
       const int64_t i = base + int64_t(b) * kThreads + threadIdx.x;
-      e[b] = i < R ? (*(dp.topk_ids + i)) : 0;
+      e[b] = i < R ? dp.topk_ids[i] : 0;
     }
 #pragma unroll
     for (int b = 0; b < kIdBatch; ++b) {
@@ -192,7 +192,7 @@ __global__ void __launch_bounds__(kThreads)
   const int64_t tid = int64_t(blockIdx.x) * kThreads + threadIdx.x, nth = int64_t(gridDim.x) * kThreads;
   for (int64_t i = tid; i < R; i += nth) {
     const int t = int(i / k), j = int(i - int64_t(t) * k);
-    const float weight = (*(dp.topk_weights + i));
+    const float weight = dp.topk_weights[i];
     const int32_t row = rows(qp, uint32_t(t), j);
     dp.route_row[i] = row;
     if (row >= 0) {
