@@ -32,7 +32,7 @@ EncodeFn encode_fn() {
 
 CUtensorMap make_tensor_map_2d(const void* base, CUtensorMapDataType dtype, int elem_bytes, uint64_t rows,
                                uint64_t cols, uint64_t row_stride_bytes, uint32_t box_rows, uint32_t box_cols,
-                               TmaSwizzle swizzle) {
+                               TmaSwizzle swizzle, TmaL2Promotion promotion) {
   CUtensorMap map{};
   const cuuint64_t dims[2] = {cols, rows};
   const cuuint64_t strides[1] = {row_stride_bytes};
@@ -41,7 +41,11 @@ CUtensorMap make_tensor_map_2d(const void* base, CUtensorMapDataType dtype, int 
   const CUresult r = encode_fn()(&map, dtype, 2, const_cast<void*>(base), dims, strides, box, elem_strides,
                                  CU_TENSOR_MAP_INTERLEAVE_NONE,
                                  swizzle == TmaSwizzle::b128 ? CU_TENSOR_MAP_SWIZZLE_128B : CU_TENSOR_MAP_SWIZZLE_NONE,
-                                 CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+                                 promotion == TmaL2Promotion::none   ? CU_TENSOR_MAP_L2_PROMOTION_NONE
+                                 : promotion == TmaL2Promotion::b64  ? CU_TENSOR_MAP_L2_PROMOTION_L2_64B
+                                 : promotion == TmaL2Promotion::b128 ? CU_TENSOR_MAP_L2_PROMOTION_L2_128B
+                                                                     : CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                                 CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
   if (r != CUDA_SUCCESS)
     throw Error("cuTensorMapEncodeTiled rejected a " + std::to_string(rows) + "x" + std::to_string(cols) +
                 " tensor with box " + std::to_string(box_rows) + "x" + std::to_string(box_cols) + " (CUresult " +
