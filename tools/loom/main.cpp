@@ -10,6 +10,7 @@
 #include "bench/gather_probe_sm90.cuh"
 #include "bench/mma_skeleton_sm90.cuh"
 #include "bench/peaks.hpp"
+#include "bench/stream_probe_sm90.cuh"
 #include "common/build_info.hpp"
 #include "common/chain_trace.cuh"
 #include "common/device_info.hpp"
@@ -32,6 +33,8 @@ usage:
                          registers or shared memory, 2 or 3 consumer warpgroups, promotion)
   loom gather-probe [--tiles N] [--repeats R]   gathering activation rows by token from L2 (cp.async
                          into shared memory, or loads into registers) at several shared-memory sizes
+  loom stream-probe [--repeats R]   streaming the preset's expert weights from HBM by TMA into a
+                         shared-memory ring with nothing consuming them (ring depths, box shapes)
   loom help              this text
 
 workload options (bench, info):
@@ -199,6 +202,15 @@ int cmd_gather_probe(int argc, char** argv) {
   return 0;
 }
 
+int cmd_stream_probe(int argc, char** argv) {
+  const Args a(rest(argc, argv), {"repeats"}, {});
+  loom::bench::StreamProbeOptions opt;
+  opt.repeats = int(a.integer("repeats", opt.repeats));
+  if (opt.repeats < 1) throw Error("--repeats must be >= 1");
+  std::cout << loom::bench::run_stream_probe(opt, std::cerr) << std::flush;
+  return 0;
+}
+
 int cmd_info(int argc, char** argv) {
   const Args a(rest(argc, argv), kWorkloadFlags, {"no-renorm", "sweep", "deterministic", "no-pdl"});
   const Workload w = parse_workload(a);
@@ -238,6 +250,7 @@ int main(int argc, char** argv) {
     if (cmd == "info") return cmd_info(argc, argv);
     if (cmd == "skeleton") return cmd_skeleton(argc, argv);
     if (cmd == "gather-probe") return cmd_gather_probe(argc, argv);
+    if (cmd == "stream-probe") return cmd_stream_probe(argc, argv);
     if (cmd == "help" || cmd == "--help" || cmd == "-h") {
       std::cout << kUsage;
       return 0;
