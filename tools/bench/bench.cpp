@@ -86,6 +86,7 @@ SolFigures measure_sol(const BenchOptions& opt, const Shape& s, const std::vecto
   const ReadResult rr = measure_stream_read(timer, dev, per_copy, cold.mode, opt.timer);
   sol.read = rr.stats;
   sol.read_config = rr.config.str();
+  log << "  SoL read: fastest reader " << sol.read_config << "\n";
   sol.read_bytes = read_bytes;
 
   const std::vector<GemmShape> shapes = sol_gemm_shapes(s);

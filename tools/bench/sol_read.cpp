@@ -1,11 +1,16 @@
 #include "bench/sol_read.hpp"
 
+#include <utility>
+
 namespace loom::bench {
 
 std::vector<ReadConfig> read_sweep() {
   std::vector<ReadConfig> v;
   for (int ctas : {2, 4, 8})
     for (int unroll : {2, 4, 8}) v.push_back(ReadConfig{ctas, 512, unroll});
+  // Bulk copies: 1 CTA per SM with a deep ring, or 2 with shallower ones (their rings share the SM).
+  for (const auto& [ctas, stages] : {std::pair{1, 8}, std::pair{1, 12}, std::pair{2, 4}, std::pair{2, 6}})
+    v.push_back(ReadConfig{ctas, 0, 0, stages});
   return v;
 }
 

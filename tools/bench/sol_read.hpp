@@ -9,7 +9,7 @@
 
 namespace loom::bench {
 
-std::vector<ReadConfig> read_sweep();  // CTAs per SM x unroll, 512 threads
+std::vector<ReadConfig> read_sweep();  // loads: CTAs per SM x unroll, 512 threads; bulk: CTAs x ring depth
 
 struct ReadResult {
   Stats stats;

@@ -1,4 +1,4 @@
-// Streaming read of segments of device memory with 16-byte loads: the memory speed of light
+// Streaming read of segments of device memory (16-byte loads or bulk copies): the memory speed of light
 // (reads exactly the bytes a decode MoE must move) and the L2 flush between timed runs.
 #pragma once
 
@@ -17,10 +17,15 @@ struct ReadGroup {
   int64_t bytes = 0;   // bytes per segment (multiple of 16)
 };
 
+// Two readers: 16-byte loads (threads x unroll in flight per CTA), or, with bulk_stages > 0, 1-D
+// bulk copies (TMA) of up to 16 KiB into a ring of that many shared-memory stages, which four
+// consumer warps hash and free (`threads` and `unroll` unused). The bulk reader is the faster one
+// on large passes (`loom stream-probe`), so the speed of light sweeps both.
 struct ReadConfig {
   int ctas_per_sm = 8;
   int threads = 512;
   int unroll = 4;  // 1, 2, 4 or 8 independent 16-byte loads per thread in flight
+  int bulk_stages = 0;  // 0: the load reader; 2..12: the bulk reader's ring depth
   std::string str() const;
 };
 
