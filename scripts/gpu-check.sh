@@ -6,7 +6,7 @@
 #   CHECK_BENCH extra `loom bench` runs, ';'-separated argument lists (default: the presets)
 #   GTEST_FILTER which tests to run (default all)
 #   SKIP_PEAKS  set: skip `loom peaks`
-#   SKIP_SKELETON set: skip `loom skeleton` and `loom gather-probe` (~4 s)
+#   SKIP_SKELETON set: skip `loom skeleton`, `loom gather-probe` and `loom stream-probe` (~10 s)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 build=${BUILD_DIR:-build}
@@ -61,6 +61,8 @@ if [ -z "${SKIP_SKELETON:-}" ]; then
   note "skeleton: rc=$?"
   "$loom" gather-probe > "$out/logs/gather-probe.txt" 2> "$out/logs/gather-probe.err"
   note "gather-probe: rc=$?"
+  "$loom" stream-probe > "$out/logs/stream-probe.txt" 2> "$out/logs/stream-probe.err"
+  note "stream-probe: rc=$?"
 fi
 
 # Default: the runs docs/perf.md records (T sweep; deterministic, PDL-off and eager variants;
@@ -80,6 +82,7 @@ rm -rf "$out/logs"
 tar -xzOf "$out/gpu-check.tar.gz" logs/peaks.txt 2>/dev/null
 tar -xzOf "$out/gpu-check.tar.gz" logs/skeleton.txt 2>/dev/null
 tar -xzOf "$out/gpu-check.tar.gz" logs/gather-probe.txt 2>/dev/null
+tar -xzOf "$out/gpu-check.tar.gz" logs/stream-probe.txt 2>/dev/null
 for j in $(seq 1 $i); do tar -xzOf "$out/gpu-check.tar.gz" "logs/bench$j.txt" 2>/dev/null; done
 echo "---- summary"
 cat "$out/summary.txt"
