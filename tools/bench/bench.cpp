@@ -86,7 +86,10 @@ SolFigures measure_sol(const BenchOptions& opt, const Shape& s, const std::vecto
   const ReadResult rr = measure_stream_read(timer, dev, per_copy, cold.mode, opt.timer);
   sol.read = rr.stats;
   sol.read_config = rr.config.str();
-  log << "  SoL read: fastest reader " << sol.read_config << "\n";
+  sol.read_loads_us = rr.loads_median_us;
+  sol.read_bulk_us = rr.bulk_median_us;
+  log << "  SoL read: fastest reader " << sol.read_config << " (medians: 16-byte loads " << rr.loads_median_us
+      << " us, bulk copies " << rr.bulk_median_us << " us)\n";
   sol.read_bytes = read_bytes;
 
   const std::vector<GemmShape> shapes = sol_gemm_shapes(s);

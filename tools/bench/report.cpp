@@ -87,6 +87,7 @@ std::string to_json(const std::vector<Record>& records) {
       w.key("stats");
       write_stats(w, r.sol.read);
       w.field("config", r.sol.read_config).field("bytes", r.sol.read_bytes);
+      w.field("loads_median_us", r.sol.read_loads_us).field("bulk_median_us", r.sol.read_bulk_us);
       w.field("tb_per_s", double(r.sol.read_bytes) / (r.sol.read.median_us * 1e6));
       w.end_object();
       w.key("gemm").begin_object();

@@ -26,6 +26,7 @@ struct SolFigures {
   std::string why_not;  // when not measured
   Stats read;           // streaming read of exactly the routed experts' weight bytes
   std::string read_config;
+  double read_loads_us = 0.0, read_bulk_us = 0.0;  // each reader's fastest median (the floor takes the faster)
   int64_t read_bytes = 0;
   Stats gemm;           // cuBLASLt dense GEMM(s) of the same FLOPs
   std::string gemm_algo;

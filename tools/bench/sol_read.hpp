@@ -14,6 +14,9 @@ std::vector<ReadConfig> read_sweep();  // loads: CTAs per SM x unroll, 512 threa
 struct ReadResult {
   Stats stats;
   ReadConfig config;
+  // The fastest median of each reader (16-byte loads, bulk copies), for the record: the floor is
+  // the faster of the two.
+  double loads_median_us = 0.0, bulk_median_us = 0.0;
 };
 
 // per_copy: the same bytes in each input copy (rotated when mode is rotate).
