@@ -1,6 +1,6 @@
-// The design probes (`loom skeleton`, `loom gather-probe`) run every variant and report figures
-// inside what the hardware allows: a variant whose kernel did no work, or failed, shows up as a
-// missing row or an impossible rate.
+// The design probes (`loom skeleton`, `loom gather-probe`, `loom stream-probe`) run every variant
+// and report figures inside what the hardware allows: a variant whose kernel did no work, or
+// failed, shows up as a missing row or an impossible rate.
 #include <gtest/gtest.h>
 
 #include <sstream>
@@ -9,6 +9,7 @@
 
 #include "bench/gather_probe_sm90.cuh"
 #include "bench/mma_skeleton_sm90.cuh"
+#include "bench/stream_probe_sm90.cuh"
 #include "gpu_test.hpp"
 
 namespace loom::bench {
@@ -70,6 +71,23 @@ TEST(ProbesGpu, GatherProbeMovesItsBytesAtAPlausibleRate) {
     // From L2 and HBM: well below 20 TB/s, and not a kernel that stalled.
     EXPECT_GT(r[1], 0.5) << table;
     EXPECT_LT(r[1], 20.0) << table;
+  }
+}
+
+TEST(ProbesGpu, StreamProbeReadsFromHbmAtAPlausibleRate) {
+  LOOM_REQUIRE_GPU();
+  std::ostringstream log;
+  StreamProbeOptions opt;
+  opt.repeats = 1;
+  const std::string table = run_stream_probe(opt, log);
+  const auto rows = table_numbers(table, 3);  // KiB, us, TB/s
+  ASSERT_EQ(rows.size(), 21u) << table;
+  for (const auto& r : rows) {
+    // Every launch reads its 256 MiB from HBM (the other copy was read in between): below the
+    // H200's 4.8 TB/s, and not a kernel that stalled or skipped its bytes.
+    EXPECT_GT(r[1], 30.0) << table;
+    EXPECT_GT(r[2], 1.0) << table;
+    EXPECT_LT(r[2], 4.9) << table;
   }
 }
 
