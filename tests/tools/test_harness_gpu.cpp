@@ -35,7 +35,8 @@ TEST(StreamReadGpu, ReadsEveryByteOfEverySelectedSegmentOnce) {
   }
   DeviceBuffer d0 = DeviceBuffer::from(m0), d1 = DeviceBuffer::from(m1), ids = DeviceBuffer::from(hit);
   for (ReadConfig cfg : {ReadConfig{1, 128, 1}, ReadConfig{2, 512, 4}, ReadConfig{8, 512, 8}, ReadConfig{1, 0, 0, 4},
-                         ReadConfig{2, 0, 0, 6}, ReadConfig{1, 0, 0, 12}}) {
+                         ReadConfig{2, 0, 0, 6}, ReadConfig{1, 0, 0, 12}, ReadConfig{1, 0, 0, 8, 0},
+                         ReadConfig{2, 0, 0, 4, 0}, ReadConfig{1, 0, 0, 6, 16}, ReadConfig{2, 0, 0, 8, 3}}) {
     DeviceBuffer sink = DeviceBuffer::from(std::vector<uint32_t>{0});
     ReadArgs a;
     a.group[0] = {d0.get(), stride0, bytes0};

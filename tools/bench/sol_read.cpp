@@ -9,8 +9,11 @@ std::vector<ReadConfig> read_sweep() {
   for (int ctas : {2, 4, 8})
     for (int unroll : {2, 4, 8}) v.push_back(ReadConfig{ctas, 512, unroll});
   // Bulk copies: 1 CTA per SM with a deep ring, or 2 with shallower ones (their rings share the SM).
-  for (const auto& [ctas, stages] : {std::pair{1, 8}, std::pair{1, 12}, std::pair{2, 4}, std::pair{2, 6}})
-    v.push_back(ReadConfig{ctas, 0, 0, stages});
+  // Chunks of 16 KiB dealt one at a time, 16 at a time (256 KiB, `loom stream-probe`'s units), or
+  // in one span per CTA.
+  for (int run : {1, 16, 0})
+    for (const auto& [ctas, stages] : {std::pair{1, 8}, std::pair{1, 12}, std::pair{2, 4}, std::pair{2, 6}})
+      v.push_back(ReadConfig{ctas, 0, 0, stages, run});
   return v;
 }
 

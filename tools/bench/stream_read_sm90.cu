@@ -58,7 +58,8 @@ __global__ void stream_read_kernel(DeviceReadArgs a) {
   }
 }
 
-// The bulk reader: chunks of up to kChunkBytes of each segment, dealt round robin to the CTAs.
+// The bulk reader: chunks of up to kChunkBytes of each segment, dealt to the CTAs round robin in
+// runs of consecutive chunks (ReadConfig::bulk_run; 0: one contiguous span per CTA).
 // Thread 0 copies each chunk into the next ring stage; warps 1-4 hash every word of it and free it.
 constexpr int kChunkBytes = 16384;
 constexpr int kBulkConsumerWarps = 4;
@@ -80,7 +81,8 @@ __device__ __forceinline__ ChunkPlace chunk_place(const DeviceReadArgs& a, const
 }
 
 template <int kStages>
-__global__ void __launch_bounds__(kBulkThreads) stream_read_bulk_kernel(DeviceReadArgs a, uint32_t total_chunks) {
+__global__ void __launch_bounds__(kBulkThreads)
+    stream_read_bulk_kernel(DeviceReadArgs a, uint32_t total_chunks, uint32_t run) {
   extern __shared__ __align__(128) uint8_t ring[];
   uint64_t* full = reinterpret_cast<uint64_t*>(ring + kStages * kChunkBytes);
   uint64_t* empty = full + kStages;
@@ -95,13 +97,20 @@ __global__ void __launch_bounds__(kBulkThreads) stream_read_bulk_kernel(DeviceRe
     ptx::fence_mbar_init();
   }
   __syncthreads();
-  const uint32_t mine = total_chunks > blockIdx.x ? (total_chunks - blockIdx.x + gridDim.x - 1) / gridDim.x : 0u;
+  if (run == 0) run = (total_chunks + gridDim.x - 1) / gridDim.x;
+  // Chunk i of this CTA: run blockIdx.x + (i / run) * gridDim.x, its chunk i % run. The last run
+  // of all may be short.
+  const uint32_t runs = (total_chunks + run - 1) / run;
+  const uint32_t my_runs = runs > blockIdx.x ? (runs - blockIdx.x + gridDim.x - 1) / gridDim.x : 0u;
+  const uint32_t last_run = blockIdx.x + (my_runs - 1) * gridDim.x;
+  const uint32_t mine =
+      my_runs == 0 ? 0u : (my_runs - 1) * run + (last_run == runs - 1 ? total_chunks - last_run * run : run);
   uint32_t hash = 0;
   if (threadIdx.x == 0) {
     for (uint32_t i = 0; i < mine; ++i) {
       const int stage = int(i % kStages);
       if (i >= uint32_t(kStages)) ptx::mbar_wait(empty + stage, (i / kStages - 1) & 1u);
-      const ChunkPlace c = chunk_place(a, chunks, blockIdx.x + i * gridDim.x);
+      const ChunkPlace c = chunk_place(a, chunks, (blockIdx.x + (i / run) * gridDim.x) * run + i % run);
       sizes[stage] = c.bytes;  // read by the hashers after the full barrier, which this arrival releases
       ptx::mbar_arrive_expect_tx(full + stage, c.bytes);
       ptx::bulk_load(ring + stage * kChunkBytes, c.src, c.bytes, full + stage);
@@ -129,7 +138,7 @@ __global__ void __launch_bounds__(kBulkThreads) stream_read_bulk_kernel(DeviceRe
 }
 
 template <int kStages>
-void launch_bulk(const DeviceReadArgs& d, int ctas, cudaStream_t stream) {
+void launch_bulk(const DeviceReadArgs& d, int ctas, int run, cudaStream_t stream) {
   const size_t smem = size_t(kStages) * kChunkBytes + 2 * kStages * sizeof(uint64_t) + kStages * sizeof(uint32_t);
   static bool configured = false;  // the attribute, once per instantiation
   if (!configured) {
@@ -141,13 +150,15 @@ void launch_bulk(const DeviceReadArgs& d, int ctas, cudaStream_t stream) {
   const uint32_t chunks1 = d.elems[1] ? (d.elems[1] * 16u + kChunkBytes - 1) / kChunkBytes : 0u;
   const uint32_t segments = d.group0_total / d.elems[0];
   const uint32_t total_chunks = segments * (chunks0 + (d.total > d.group0_total ? chunks1 : 0u));
-  stream_read_bulk_kernel<kStages><<<unsigned(ctas), kBulkThreads, smem, stream>>>(d, total_chunks);
+  stream_read_bulk_kernel<kStages><<<unsigned(ctas), kBulkThreads, smem, stream>>>(d, total_chunks, uint32_t(run));
 }
 
 }  // namespace
 
 std::string ReadConfig::str() const {
-  if (bulk_stages > 0) return std::to_string(ctas_per_sm) + "/SM bulk " + std::to_string(bulk_stages) + "x16KiB";
+  if (bulk_stages > 0)
+    return std::to_string(ctas_per_sm) + "/SM bulk " + std::to_string(bulk_stages) + "x16KiB " +
+           (bulk_run > 0 ? "runs of " + std::to_string(bulk_run) : std::string("spans"));
   return std::to_string(ctas_per_sm) + "x" + std::to_string(threads) + "/SM u" + std::to_string(unroll);
 }
 
@@ -172,14 +183,15 @@ void launch_stream_read(const ReadArgs& args, const ReadConfig& cfg, int sm_coun
   d.checksum = args.checksum;
   if (d.total == 0) return;
   if (cfg.bulk_stages > 0) {
+    if (cfg.bulk_run < 0) throw Error("stream read: bulk_run must be >= 0");
     for (int g = 0; g < args.groups; ++g)
       if (args.group[g].bytes >= (int64_t(1) << 32)) throw Error("stream read: bulk segments below 4 GiB each");
     const int ctas = cfg.ctas_per_sm * sm_count;
     switch (cfg.bulk_stages) {
-      case 4: launch_bulk<4>(d, ctas, stream); break;
-      case 6: launch_bulk<6>(d, ctas, stream); break;
-      case 8: launch_bulk<8>(d, ctas, stream); break;
-      case 12: launch_bulk<12>(d, ctas, stream); break;
+      case 4: launch_bulk<4>(d, ctas, cfg.bulk_run, stream); break;
+      case 6: launch_bulk<6>(d, ctas, cfg.bulk_run, stream); break;
+      case 8: launch_bulk<8>(d, ctas, cfg.bulk_run, stream); break;
+      case 12: launch_bulk<12>(d, ctas, cfg.bulk_run, stream); break;
       default: throw Error("stream read: bulk_stages must be 4, 6, 8 or 12");
     }
     LOOM_CUDA_CHECK_LAUNCH();

@@ -25,7 +25,8 @@ struct ReadConfig {
   int ctas_per_sm = 8;
   int threads = 512;
   int unroll = 4;  // 1, 2, 4 or 8 independent 16-byte loads per thread in flight
-  int bulk_stages = 0;  // 0: the load reader; 2..12: the bulk reader's ring depth
+  int bulk_stages = 0;  // 0: the load reader; 4, 6, 8 or 12: the bulk reader's ring depth
+  int bulk_run = 1;  // bulk reader: consecutive chunks dealt to a CTA at a time; 0: one span per CTA
   std::string str() const;
 };
 
