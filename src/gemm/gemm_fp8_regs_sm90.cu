@@ -647,9 +647,9 @@ void launch_gemm_fp8_regs(const GemmFp8Params& p, const GemmFp8Config& cfg, cons
          p.combine == CombineMode::atomic ? 1 : 0, cfg.weights_evict_first ? 1 : 0, cfg.x_evict_last ? 1 : 0,
          cfg.dynamic ? p.work_queue : nullptr};
   // L2 fetches exactly the 128-byte line of each box row it misses on: widened to 256 bytes (the
-  // driver's usual promotion) the weight stream ran 10 % slower (`loom stream-probe`: 71.2 vs
-  // 64.4 us over the preset's 256 MiB; e2e T=1024 / 2048 / 4096 82.0 / 95.0 / 139.3 vs 86.0 / 97.2 /
-  // 142.4 us; docs/perf.md, twenty-third session).
+  // usual promotion) the weight stream ran 8 % slower (`loom stream-probe`: 70.4 vs 65.1 us over
+  // the preset's 256 MiB; e2e T=1024 / 2048 / 4096 82.0 / 95.0 / 139.3 vs 86.0 / 97.2 / 142.4 us;
+  // docs/perf.md, twenty-third session).
   const CUtensorMap map = make_tensor_map_2d(p.weights, CU_TENSOR_MAP_DATA_TYPE_UINT8, 1, uint64_t(p.experts) * p.n,
                                              p.k, p.k, kTileCols, kBlockK, TmaSwizzle::b128, TmaL2Promotion::b128);
   static_assert(sizeof(Smem) + 1024 <= 227 * 1024, "shared memory budget of one sm_90 CTA");
