@@ -1,5 +1,5 @@
-// Streaming read of segments of device memory (16-byte loads or bulk copies): the memory speed of light
-// (reads exactly the bytes a decode MoE must move) and the L2 flush between timed runs.
+// Streaming read of segments of device memory (16-byte loads or bulk copies): the memory speed of
+// light (reads exactly the bytes a decode MoE must move) and the L2 flush between timed runs.
 #pragma once
 
 #include <cuda_runtime.h>
