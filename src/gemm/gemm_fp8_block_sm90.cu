@@ -31,8 +31,13 @@ constexpr int kBlockM = 128;       // weight rows per unit: two consumer warpgro
 constexpr int kMaxChunk = 128;     // widest token chunk (the MMA's N)
 constexpr int kWidthCount = 4;     // chunk widths 16, 32, 64, 128
 // Pipeline depth per epilogue mode: the hand-off epilogue's staging (a whole 128 x 128 fp32 chunk
-// result) takes the shared memory of two stages.
-constexpr int kStagesInline = 6, kStagesHandoff = 4;
+// result) takes the shared memory of two stages. The gathering kernels' stages hold activation
+// tiles of their at most 32 rows (4 KiB, not 16), so 8 stages take less shared memory than the
+// inline kernel's 6. Measured e2e, 8 stages of 32-row tiles vs 6 of 128-row tiles (two builds,
+// x2): T=1 12.7 / 12.4 vs 12.7 / 12.8, T=8 24.2 / 24.1 vs 24.3 / 24.4, T=32 48.5 / 48.4 vs 48.8 /
+// 48.8, T=128 73.2 / 72.9 vs 73.9 / 73.7, T=512 78.4 / 78.2 vs 78.2 / 78.5 us (6 stages of 32-row
+// tiles: as the 128-row ones; 9: as 8; docs/perf.md, twenty-third session).
+constexpr int kStagesInline = 6, kStagesHandoff = 4, kStagesGathered = 8;
 constexpr int kThreads = 384;      // warpgroup 0: producer (TMA + cp.async gather); 1 and 2: MMA consumers
 constexpr int kProducerThreads = 128;
 constexpr int kConsumerWarps = 8;
@@ -160,12 +165,14 @@ struct QuadScales {
   uint64_t empty[kSlots];
 };
 
-template <int kStagesT, bool kHandoffT>
+template <int kStagesT, bool kHandoffT, int kXRowsT = kMaxChunk>
 struct alignas(1024) SharedStorage {
   static constexpr int kStages = kStagesT;
   static constexpr bool kHandoff = kHandoffT;
+  static constexpr int kXRows = kXRowsT;  // activation rows per stage: the kernel's widest chunk
+  static_assert(kXRows % 8 == 0 && kXRows * kBlockK % 1024 == 0, "whole 1024-byte swizzle atoms per tile");
   uint8_t w[kStages][kWTileBytes];
-  uint8_t x[kStages][kXTileBytes];
+  uint8_t x[kStages][kXRows * kBlockK];
   std::conditional_t<kHandoff, QuadScales, StageScales<kStages>> scales;
   std::conditional_t<kHandoff, HandoffEpilogue, InlineEpilogue> epi;
   int32_t gather_token[kMaxChunk];    // producer: token of each row of the chunk being loaded, -1 past its end
@@ -184,6 +191,8 @@ struct alignas(1024) SharedStorage {
 };
 using InlineStorage = SharedStorage<kStagesInline, false>;
 using HandoffStorage = SharedStorage<kStagesHandoff, true>;
+using GatheredStorage = SharedStorage<kStagesGathered, false, kGatherMaxTokens>;
+static_assert(sizeof(GatheredStorage) + 1024 <= 227 * 1024, "shared memory budget of one sm_90 CTA");
 static_assert(sizeof(InlineStorage) + 1024 <= 227 * 1024, "shared memory budget of one sm_90 CTA");
 static_assert(sizeof(HandoffStorage) + 1024 <= 227 * 1024, "shared memory budget of one sm_90 CTA");
 static_assert(kEpilogueStride % 4 == 0, "staged columns start on 16 bytes (float4 reads, bulk reductions)");
@@ -771,7 +780,10 @@ __global__ void __launch_bounds__(kThreads, 1)
   static_assert(!(kHandoff && kRescale), "the in-place rescale experiment runs with the epilogue in the consumers");
   static_assert(!kHandoff || kStagesHandoff <= 4,
                 "the producer runs at most one scale quad ahead (QuadScales::kSlots)");
-  using S = SharedStorage<kHandoff ? kStagesHandoff : kStagesInline, kHandoff>;
+  // The gathering kernels' chunks are at most kGatherMaxTokens rows: their stages hold no more.
+  using S = std::conditional_t<gathers(kRows), GatheredStorage,
+                               SharedStorage<kHandoff ? kStagesHandoff : kStagesInline, kHandoff>>;
+  static_assert(S::kXRows >= chunk_limit(kRows), "a stage holds the kernel's widest chunk");
   const bool gather = kRows == Rows::any ? a.gather != 0 : gathers(kRows);
   constexpr int kChunk = chunk_limit(kRows);
   constexpr bool kBins = kRows == Rows::binned;  // the chunk walk over expert bins
@@ -1215,9 +1227,15 @@ GemmFp8Config choose_gemm_fp8_config(int64_t tokens, int64_t topk, int64_t exper
 
 void set_handoff_epilogue(GemmFp8Config& c, bool on) {
   c.handoff_epilogue = on;
+  c.stages = pipeline_stages(c);
+}
+
+int pipeline_stages(const GemmFp8Config& c) {
   // 6 x 16 KiB of weights in flight per SM, 4 beside the hand-off staging (what that costs where
-  // chunks are narrow: the measurements above).
-  c.stages = on ? kStagesHandoff : kStagesInline;
+  // chunks are narrow: the measurements above); 8 in the gathering kernels (kStagesGathered). The
+  // rescale experiment's kernel serves both sources with the inline kernel's storage.
+  if (c.handoff_epilogue) return kStagesHandoff;
+  return c.x_source == XSource::gather_by_token && !c.rescale_promotion ? kStagesGathered : kStagesInline;
 }
 
 void launch_gemm_fp8(const GemmFp8Params& p, const GemmFp8Config& cfg, const DeviceInfo& device, cudaStream_t stream,
@@ -1240,7 +1258,7 @@ void launch_gemm_fp8(const GemmFp8Params& p, const GemmFp8Config& cfg, const Dev
     throw Error("fp8 GEMM: the activation rows and scales must be 16-byte aligned");
   if (cfg.x_source == XSource::sorted_rows && p.x_rows % kScaleAlign)
     throw Error("fp8 GEMM: sorted activation rows must be padded to a multiple of 4");
-  if (cfg.stages != (cfg.handoff_epilogue ? kStagesHandoff : kStagesInline) || cfg.max_width != kMaxChunk)
+  if (cfg.stages != pipeline_stages(cfg) || cfg.max_width != kMaxChunk)
     throw Error("fp8 GEMM: config not instantiated: " + cfg.str());
   if (cfg.handoff_epilogue && cfg.x_source != XSource::sorted_rows)
     throw Error("fp8 GEMM: the hand-off epilogue needs sorted rows (gathering takes every producer thread)");
@@ -1309,7 +1327,9 @@ void launch_gemm_fp8(const GemmFp8Params& p, const GemmFp8Config& cfg, const Dev
                // time. Its shared-memory reads stay in bounds with a hit list or a dense walk.
                cfg.warm_up && pdl && gather && (p.expert_counts || p.hit_list != nullptr || cfg.dense) ? 1 : 0};
   // + alignment slack for the 1024-byte base
-  const size_t smem = (cfg.handoff_epilogue ? sizeof(HandoffStorage) : sizeof(InlineStorage)) + 1024;
+  const size_t smem = (cfg.handoff_epilogue ? sizeof(HandoffStorage)
+                       : gather && !cfg.rescale_promotion ? sizeof(GatheredStorage)
+                                                          : sizeof(InlineStorage)) + 1024;
   // The enumerated instantiations: gathered batches (from offsets, or from expert bins by the chunk
   // walk), sorted rows with either epilogue, and the in-place rescale experiment (either source,
   // epilogue in the consumers).

@@ -68,7 +68,9 @@ inline constexpr int kRegsMaxK = 64 * 128; // its weight scales per unit in shar
 bool use_token_fragments(int64_t tokens, int64_t topk, int64_t experts, int64_t k, bool routes_in_bins = false);
 
 struct GemmFp8Config {
-  int stages = 6;        // TMA pipeline depth (weight tile 16 KiB + activation tile per stage)
+  // TMA pipeline depth (weight tile 16 KiB + activation tile per stage): what pipeline_stages()
+  // says for the rest of the config (8 for gathered rows, the default source).
+  int stages = 8;
   int max_width = 128;   // widest token chunk (the MMA's N)
   // dense: units walk all E experts (empty ones skipped), so a CTA knows its first unit before the
   // routing exists and can prefetch its weights into L2 ahead of the PDL wait. compact: units walk
@@ -124,6 +126,9 @@ GemmFp8Config choose_gemm_fp8_config(int64_t tokens, int64_t topk, int64_t exper
 
 // Sets GemmFp8Config::handoff_epilogue and the pipeline depth instantiated with it.
 void set_handoff_epilogue(GemmFp8Config& c, bool on);
+// The pipeline depth of the kernel instantiation that runs a config (its epilogue, activation
+// source and promotion): GemmFp8Config::stages must equal it.
+int pipeline_stages(const GemmFp8Config& c);
 
 struct GemmFp8Params {
   const uint8_t* weights = nullptr;        // [E, N, K] e4m3, K-major

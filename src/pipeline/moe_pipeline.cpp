@@ -41,7 +41,8 @@ GemmFp8Config gemm_config_for(const Shape& s, const Options& o, int64_t tokens, 
                                             token_fragments_allowed(o), routes_in_bins);
   gc.prefetch = gc.prefetch && o.prefetch_weights;
   gc.rescale_promotion = o.rescale_promotion;
-  if (gc.rescale_promotion) set_handoff_epilogue(gc, false);  // the experiment has no hand-off kernel
+  // The experiment has no hand-off kernel; the call also sets the stage count of its kernel.
+  if (gc.rescale_promotion) set_handoff_epilogue(gc, false);
   gc.bulk_combine = o.bulk_combine;
   return gc;
 }

@@ -169,8 +169,8 @@ void run_case(const GemmCase& c, CombineMode mode, uint64_t seed) {
     cfg.x_source = source;
     cfg.balanced = cfg.balanced && source == XSource::gather_by_token;
     cfg.dynamic = source == XSource::sorted_rows;  // as the chooser pairs them
-    set_handoff_epilogue(cfg, handoff);
     cfg.rescale_promotion = rescale;
+    set_handoff_epilogue(cfg, handoff);  // after the source and promotion: it sets the stage count
     cfg.bulk_combine = bulk;
     SCOPED_TRACE(cfg.str());
     got = launch(cfg);
