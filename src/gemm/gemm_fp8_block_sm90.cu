@@ -34,9 +34,9 @@ constexpr int kWidthCount = 4;     // chunk widths 16, 32, 64, 128
 // result) takes the shared memory of two stages. The gathering kernels' stages hold activation
 // tiles of their at most 32 rows (4 KiB, not 16), so 8 stages take less shared memory than the
 // inline kernel's 6. Measured e2e, 8 stages of 32-row tiles vs 6 of 128-row tiles (two builds,
-// x2): T=1 12.7 / 12.4 vs 12.7 / 12.8, T=8 24.2 / 24.1 vs 24.3 / 24.4, T=32 48.5 / 48.4 vs 48.8 /
-// 48.8, T=128 73.2 / 72.9 vs 73.9 / 73.7, T=512 78.4 / 78.2 vs 78.2 / 78.5 us (6 stages of 32-row
-// tiles: as the 128-row ones; 9: as 8; docs/perf.md, twenty-third session).
+// x3): T=8 24.4-24.6 vs 24.5-24.8, T=32 48.7-49.1 vs 49.5-49.8, T=128 73.8-73.9 vs 74.4-74.7,
+// T=256 74.2-74.3 vs 74.6-74.8 us, T=1 and T=512 within 0.3 (6 stages of 32-row tiles: as the
+// 128-row ones; 9: as 8; docs/perf.md, twenty-third session).
 constexpr int kStagesInline = 6, kStagesHandoff = 4, kStagesGathered = 8;
 constexpr int kThreads = 384;      // warpgroup 0: producer (TMA + cp.async gather); 1 and 2: MMA consumers
 constexpr int kProducerThreads = 128;
