@@ -121,5 +121,30 @@ TEST(GemmFp8Config, TokenFragmentsHoldTheKernelsKLimits) {
             XSource::token_fragments);
 }
 
+TEST(GemmFp8Config, StageCountIsTheInstantiations) {
+  // Every chosen config names the pipeline depth of the kernel that runs it (the launcher refuses
+  // any other): 8 in the gathering kernels, 6 or 4 (hand-off) with sorted rows.
+  for (const int64_t t : {int64_t(1), int64_t(8), int64_t(32), int64_t(128), int64_t(512), int64_t(2048)})
+    for (const bool deterministic : {false, true})
+      for (const bool bins : {false, true}) {
+        const GemmFp8Config c = choose_gemm_fp8_config(t, 8, 256, 512, 2048, deterministic, h200_like(),
+                                                       /*allow_token_fragments=*/false, bins);
+        EXPECT_EQ(c.stages, pipeline_stages(c)) << t << " " << c.str();
+        if (c.x_source == XSource::gather_by_token) {
+          EXPECT_EQ(c.stages, 8) << t;
+        }
+        if (c.handoff_epilogue) {
+          EXPECT_EQ(c.stages, 4) << t;
+        }
+      }
+  // The default config (gathered rows) is consistent as it stands; the rescale experiment's kernel
+  // keeps the inline kernel's depth.
+  GemmFp8Config d;
+  EXPECT_EQ(d.stages, pipeline_stages(d));
+  d.rescale_promotion = true;
+  set_handoff_epilogue(d, false);
+  EXPECT_EQ(d.stages, 6);
+}
+
 }  // namespace
 }  // namespace loom
