@@ -12,6 +12,7 @@
 #include "common/tensor_map.hpp"
 #include "gemm/gemm_fp8_regs_sm90.cuh"
 #include "gemm/ring_cursor.cuh"
+#include "gemm/work_queue.cuh"
 #include "pipeline/device_layout.hpp"
 #include "ptx/barrier.cuh"
 #include "ptx/cp_async.cuh"
@@ -953,13 +954,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         u = fetched;
       }
       announce(-1, 0, 0);  // the end of the walk
-      // This CTA's last fetch has returned (its value ended the loop) before it counts itself out;
-      // the last CTA out leaves the queue zero for the next launch.
-      __threadfence();
-      if (atomicAdd(a.work_queue + 1, 1) == int(gridDim.x) - 1) {
-        atomicExch(a.work_queue, 0);
-        atomicExch(a.work_queue + 1, 0);
-      }
+      leave_work_queue(a.work_queue);
     } else if (!gather) {
       while (pt == 0 && work.template next<kBins>(s, a, unit)) load_sorted_unit(unit, 0, false);
     }

@@ -10,6 +10,7 @@
 #include "common/tensor_map.hpp"
 #include "gemm/promote_rows.cuh"
 #include "gemm/ring_cursor.cuh"
+#include "gemm/work_queue.cuh"
 #include "pipeline/device_layout.hpp"
 #include "ptx/cp_async.cuh"
 #include "ptx/load.cuh"
@@ -378,15 +379,7 @@ __global__ void __launch_bounds__(kThreads, 1)
           u = __shfl_sync(0xffffffffu, next, 0);
         }
       }
-      if (a.queue != nullptr && lane == 0) {
-        // This CTA's last fetch has returned (it ended the walk) before it counts itself out; the
-        // last CTA out leaves the queue zero for the next launch.
-        __threadfence();
-        if (atomicAdd(a.queue + 1, 1) == int(gridDim.x) - 1) {
-          atomicExch(a.queue, 0);
-          atomicExch(a.queue + 1, 0);
-        }
-      }
+      if (a.queue != nullptr && lane == 0) leave_work_queue(a.queue);  // lane 0 made every fetch
     } else if (threadIdx.x / 32 == 2) {
       // Warp 2: each stage's activation scales of the tile's 128 rows, by cp.async (completion
       // through the stage's full barrier), in step with the weight tiles.

@@ -2,7 +2,6 @@
 
 #include <cuda.h>
 
-#include <algorithm>
 #include <cstdio>
 #include <sstream>
 #include <string>
@@ -10,6 +9,7 @@
 
 #include "bench/probe_launch.hpp"
 #include "bench/sol_read.hpp"
+#include "bench/stats.hpp"
 #include "bench/stream_read_sm90.cuh"
 #include "common/cuda_check.hpp"
 #include "common/device_info.hpp"
@@ -120,11 +120,6 @@ Variant variant(const std::string& name, int ctas_per_sm = 1, TmaSwizzle swizzle
                  promotion};
 }
 
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
-}
-
 }  // namespace
 
 std::string run_stream_probe(const StreamProbeOptions& opt, std::ostream& log) {
@@ -187,7 +182,7 @@ std::string run_stream_probe(const StreamProbeOptions& opt, std::ostream& log) {
       const double us = time_launch_us([&] { v.kernel<<<grid, kThreads, smem>>>(maps[c], copies[c], sink); });
       if (i >= 2) micros.push_back(us);
     }
-    report(v.name, int(smem / 1024), median(micros));
+    report(v.name, int(smem / 1024), summarize(micros).median_us);
   }
 
   // The speed-of-light kernel over the same bytes: each expert's N x K rows one segment.
@@ -210,7 +205,7 @@ std::string run_stream_probe(const StreamProbeOptions& opt, std::ostream& log) {
       const double us = time_launch_us([&] { launch_stream_read(args, cfg, dev.sm_count, nullptr); });
       if (i >= 2) micros.push_back(us);
     }
-    const double us = median(micros);
+    const double us = summarize(micros).median_us;
     if (best_cfg.empty() || us < best_us) best_us = us, best_cfg = cfg.str();
   }
   report("the floor's reader, fastest of its sweep (" + best_cfg + ")", 0, best_us);
