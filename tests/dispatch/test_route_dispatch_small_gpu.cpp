@@ -85,7 +85,7 @@ TEST(RouteDispatchSmallGpu, MatchesRouteThenDispatchBitForBit) {
   };
   for (const Shape3 c : {Shape3{1, 8, 1}, Shape3{3, 64, 2}, Shape3{17, 512, 16}, Shape3{32, 256, 8},
                          Shape3{128, 256, 8}, Shape3{128, 64, 16}, Shape3{1000, 8, 2}, Shape3{2048, 16, 1},
-                         Shape3{33, 500, 7}}) {
+                         Shape3{33, 500, 7}, Shape3{5, 128, 8}, Shape3{8, 32, 8}, Shape3{2, 256, 16}}) {
     for (int variant = 0; variant < 3; ++variant) {
       SCOPED_TRACE(testing::Message() << "T=" << c.T << " E=" << c.E << " k=" << c.k << " variant " << variant);
       Routing routing;
@@ -100,6 +100,9 @@ TEST(RouteDispatchSmallGpu, MatchesRouteThenDispatchBitForBit) {
         for (int e = 0; e < c.E; ++e) logits[size_t(2 * c.E + e)] = NAN;
       }
       if (c.E > 4) logits[3] = logits[4];
+      // A token of three values only: the top k are mostly decided by the tie rule (lower id first).
+      if (c.T > 3)
+        for (int e = 0; e < c.E; ++e) logits[size_t(3 * c.E + e)] = float(e % 3 == 1) - float(e % 7 == 0);
       ASSERT_TRUE(dispatch_small_fits(c.T, c.k, c.E));
       // The fused kernel where it applies, else the single-CTA dispatch after the routing kernel.
       const bool can_fuse = route_dispatch_small_fits(c.T, c.k, c.E, routing);
