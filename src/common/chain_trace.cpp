@@ -24,7 +24,8 @@ const char* event_name(int event) {
       "dispatch: start", "dispatch: waited", "dispatch: own routes counted", "dispatch: other slices added",
       "dispatch: scanned", "dispatch: rows assigned", "dispatch: end",
       "quantise: start", "quantise: waited", "quantise: end",
-      "gemm: start", "gemm: waited", "gemm: units known", "gemm: first unit's rows read", "gemm: first weight TMA issued", "gemm: end"};
+      "gemm: start", "gemm: waited", "gemm: units known", "gemm: first unit's rows read", "gemm: first weight TMA issued",
+      "gemm: a stage full (consumer 0)", "gemm: end", "gemm: SM"};
   return event >= 0 && event < kEventCount ? names[event] : "?";
 }
 
@@ -49,6 +50,7 @@ Stamps read() {
   Stamps s;
   s.first.assign(kEventCount, ~uint64_t(0));
   s.last.assign(kEventCount, 0);
+  s.cta.assign(size_t(kEventCount) * kMaxCtas, 0);
   for (auto& u : units()) u.second(s);
   return s;
 }

@@ -411,6 +411,7 @@ template <int W, class S>
 __device__ __forceinline__ void issue_block(S& s, float (&acc)[W / 2], uint32_t stage, uint32_t phase,
                                             int consumer, bool gather, bool accumulate = false) {
   ptx::mbar_wait(&s.full[stage], phase);
+  if (threadIdx.x == 128) LOOM_TRACE(kGemmStageFull);
   // A gathered activation tile arrived through cp.async (generic proxy); wgmma reads it through
   // the async proxy.
   if (gather) ptx::fence_proxy_async_shared();
@@ -795,6 +796,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   const uint32_t align_pad = (1024u - uint32_t(reinterpret_cast<uintptr_t>(smem_raw) % 1024u)) % 1024u;
   S& s = *reinterpret_cast<S*>(smem_raw + align_pad);
   if (threadIdx.x == 0) LOOM_TRACE(kGemmStart);
+  if (threadIdx.x == 0) LOOM_TRACE_SM(kGemmSm);
   if (threadIdx.x == 0) {
     for (int i = 0; i < S::kStages; ++i) {
       // One arrive.expect_tx (the TMA loads), plus one cp.async arrival per producer thread when

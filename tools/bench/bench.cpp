@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <functional>
 #include <memory>
@@ -103,9 +104,79 @@ SolFigures measure_sol(const BenchOptions& opt, const Shape& s, const std::vecto
   return sol;
 }
 
+// Pearson correlation of two equally long samples (0 when either is constant).
+double correlation(const std::vector<double>& x, const std::vector<double>& y) {
+  const double n = double(x.size());
+  double mx = 0, my = 0;
+  for (size_t i = 0; i < x.size(); ++i) mx += x[i] / n, my += y[i] / n;
+  double sxy = 0, sxx = 0, syy = 0;
+  for (size_t i = 0; i < x.size(); ++i)
+    sxy += (x[i] - mx) * (y[i] - my), sxx += (x[i] - mx) * (x[i] - mx), syy += (y[i] - my) * (y[i] - my);
+  return sxx > 0 && syy > 0 ? sxy / std::sqrt(sxx * syy) : 0.0;
+}
+
+// Where the GEMM's CTAs end, over the traced replays: per SM (even and odd replays apart) and per
+// CTA, the mean of how much later than the replay's median CTA its GEMM CTA ended.
+struct GemmLateness {
+  std::vector<double> sm_sum[2], sm_n[2], cta_sum, cta_n;
+  std::vector<uint64_t> first_sm;  // per CTA, its SM (+ 1) in the first replay
+  int64_t same_sm = 0, seen = 0;
+  GemmLateness() {
+    for (int h = 0; h < 2; ++h) sm_sum[h].assign(trace::kMaxCtas, 0.0), sm_n[h].assign(trace::kMaxCtas, 0.0);
+    cta_sum.assign(trace::kMaxCtas, 0.0), cta_n.assign(trace::kMaxCtas, 0.0), first_sm.assign(trace::kMaxCtas, 0);
+  }
+  void add(const trace::Stamps& s, uint64_t t0, int replay) {
+    auto at = [&](int event, int b) { return s.cta[size_t(event) * trace::kMaxCtas + size_t(b)]; };
+    std::vector<double> ends;
+    for (int b = 0; b < trace::kMaxCtas; ++b)
+      if (at(trace::kGemmSm, b) > 0 && at(trace::kGemmEnd, b) > 0) ends.push_back(double(at(trace::kGemmEnd, b) - t0) / 1000.0);
+    if (ends.empty()) return;
+    std::sort(ends.begin(), ends.end());
+    const double mid = ends[ends.size() / 2];
+    for (int b = 0; b < trace::kMaxCtas; ++b) {
+      const uint64_t sm = at(trace::kGemmSm, b), end = at(trace::kGemmEnd, b);
+      if (sm == 0 || sm > uint64_t(trace::kMaxCtas) || end == 0) continue;
+      const double late = double(end - t0) / 1000.0 - mid;
+      sm_sum[replay % 2][size_t(sm - 1)] += late, sm_n[replay % 2][size_t(sm - 1)] += 1;
+      cta_sum[size_t(b)] += late, cta_n[size_t(b)] += 1;
+      if (first_sm[size_t(b)] == 0) first_sm[size_t(b)] = sm;
+      same_sm += first_sm[size_t(b)] == sm, ++seen;
+    }
+  }
+  void print(std::ostream& log) const {
+    if (seen == 0) return;
+    log << "  GEMM end, us after the replay's median CTA, per SM (SM: mean):\n";
+    std::vector<double> even, odd;
+    std::string row;
+    for (size_t sm = 0; sm < size_t(trace::kMaxCtas); ++sm) {
+      if (sm_n[0][sm] == 0 || sm_n[1][sm] == 0) continue;
+      even.push_back(sm_sum[0][sm] / sm_n[0][sm]);
+      odd.push_back(sm_sum[1][sm] / sm_n[1][sm]);
+      char cell[32];
+      std::snprintf(cell, sizeof cell, " %3zu:%+5.2f", sm, (sm_sum[0][sm] + sm_sum[1][sm]) / (sm_n[0][sm] + sm_n[1][sm]));
+      row += cell;
+      if (even.size() % 10 == 0) log << "   " << row << "\n", row.clear();
+    }
+    if (!row.empty()) log << "   " << row << "\n";
+    char line[160];
+    std::snprintf(line, sizeof line,
+                  "    correlation of the even and the odd replays' means over %zu SMs: %.2f; CTAs on their first "
+                  "replay's SM: %lld %%\n",
+                  even.size(), even.size() > 2 ? correlation(even, odd) : 0.0, (long long)(100 * same_sm / seen));
+    log << line << "    per CTA (blockIdx order):";
+    for (int b = 0; b < trace::kMaxCtas; ++b)
+      if (cta_n[size_t(b)] > 0) {
+        std::snprintf(line, sizeof line, " %.2f", cta_sum[size_t(b)] / cta_n[size_t(b)]);
+        log << line;
+      }
+    log << "\n";
+  }
+};
+
 // Chain trace: `runs` cold graph replays of the end-to-end run, each stamping its traced points;
 // prints per point the median time (us after the run's first stamp) at which the first and the
-// last CTA reached it.
+// last CTA reached it, the CTAs' spread (10th / 50th / 90th percentile, and the correlation over the
+// CTAs with each one's GEMM end), and which SMs end the GEMM late.
 void trace_chain(int runs, const std::function<void(cudaStream_t)>& enqueue, GpuTimer& timer, std::ostream& log) {
   cudaStream_t st = timer.stream();
   cudaGraph_t g = nullptr;
@@ -115,7 +186,10 @@ void trace_chain(int runs, const std::function<void(cudaStream_t)>& enqueue, Gpu
   LOOM_CUDA_CHECK(cudaStreamEndCapture(st, &g));
   LOOM_CUDA_CHECK(cudaGraphInstantiate(&exec, g, 0));
   LOOM_CUDA_CHECK(cudaGraphDestroy(g));
-  std::vector<std::vector<double>> first(trace::kEventCount), last(trace::kEventCount);
+  std::vector<std::vector<double>> first(trace::kEventCount), last(trace::kEventCount), corr(trace::kEventCount);
+  std::vector<std::vector<double>> quantile[3];  // per event, per replay: the CTAs' 10th / 50th / 90th percentile
+  for (auto& q : quantile) q.resize(trace::kEventCount);
+  GemmLateness lateness;
   for (int r = 0; r < runs + 3; ++r) {  // the first three are warm-up
     trace::reset(st);
     timer.flush_l2(st);
@@ -123,10 +197,24 @@ void trace_chain(int runs, const std::function<void(cudaStream_t)>& enqueue, Gpu
     LOOM_CUDA_CHECK(cudaStreamSynchronize(st));
     const trace::Stamps s = trace::read();
     const uint64_t t0 = *std::min_element(s.first.begin(), s.first.end());
-    for (int e = 0; r >= 3 && e < trace::kEventCount; ++e) {
+    if (r < 3) continue;
+    lateness.add(s, t0, r);
+    for (int e = 0; e < trace::kEventCount; ++e) {
       if (s.last[size_t(e)] == 0) continue;
       first[size_t(e)].push_back(double(s.first[size_t(e)] - t0) / 1000.0);
       last[size_t(e)].push_back(double(s.last[size_t(e)] - t0) / 1000.0);
+      std::vector<double> t, t_ended, end;  // the CTAs' times; those of the CTAs with a GEMM end, and the ends
+      for (int b = 0; b < trace::kMaxCtas; ++b) {
+        const uint64_t v = s.cta[size_t(e) * trace::kMaxCtas + size_t(b)];
+        const uint64_t v_end = s.cta[size_t(trace::kGemmEnd) * trace::kMaxCtas + size_t(b)];
+        if (v == 0) continue;
+        t.push_back(double(v - t0) / 1000.0);
+        if (v_end > 0) t_ended.push_back(t.back()), end.push_back(double(v_end - t0) / 1000.0);
+      }
+      if (t.size() < 2) continue;
+      std::sort(t.begin(), t.end());
+      for (int q = 0; q < 3; ++q) quantile[q][size_t(e)].push_back(t[(t.size() - 1) * size_t(1 + 4 * q) / 10]);
+      if (end.size() > 2) corr[size_t(e)].push_back(correlation(t_ended, end));
     }
   }
   LOOM_CUDA_CHECK(cudaGraphExecDestroy(exec));
@@ -134,14 +222,21 @@ void trace_chain(int runs, const std::function<void(cudaStream_t)>& enqueue, Gpu
     std::sort(v.begin(), v.end());
     return v[v.size() / 2];
   };
-  log << "  chain trace (" << runs << " cold replays; us after the first stamp, median; first CTA / last CTA):\n";
+  log << "  chain trace (" << runs << " cold replays; us after the first stamp, median; first CTA / last CTA;\n"
+      << "  over the CTAs: 10th / 50th / 90th percentile; correlation with the CTA's GEMM end):\n";
   for (int e = 0; e < trace::kEventCount; ++e) {
     if (first[size_t(e)].empty()) continue;
-    char line[160];
-    std::snprintf(line, sizeof line, "    %-40s %8.2f %8.2f\n", trace::event_name(e), median(first[size_t(e)]),
-                  median(last[size_t(e)]));
-    log << line;
+    char line[200];
+    int len = std::snprintf(line, sizeof line, "    %-40s %8.2f %8.2f", trace::event_name(e), median(first[size_t(e)]),
+                            median(last[size_t(e)]));
+    if (!quantile[0][size_t(e)].empty())
+      len += std::snprintf(line + len, sizeof line - size_t(len), "   %8.2f %8.2f %8.2f", median(quantile[0][size_t(e)]),
+                           median(quantile[1][size_t(e)]), median(quantile[2][size_t(e)]));
+    if (!corr[size_t(e)].empty())
+      std::snprintf(line + len, sizeof line - size_t(len), "   %6.2f", median(corr[size_t(e)]));
+    log << line << "\n";
   }
+  lateness.print(log);
 }
 
 // The layer on the GPU: one checked run against the CPU reference, then end-to-end and GEMM-only
