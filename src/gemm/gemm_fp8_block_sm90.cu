@@ -963,10 +963,27 @@ __global__ void __launch_bounds__(kThreads, 1)
     // Gathered rows (no code of it in the sorted-rows kernels).
     if constexpr (kRows != Rows::sorted) {
       bool dry = warm_up;
+      // The chunk walk (many short units per CTA): the walk's next unit, and the row token of this
+      // thread for its first chunk, taken one unit ahead. The token's load is then in flight while
+      // this unit streams, so the next unit's first stages do not wait for an L2 round trip before
+      // their activation gather (each unit start did, with its weight requests held back meanwhile).
+      // Measured e2e (two builds, one call, x3): T=128 72.3-72.5 vs 73.9-74.0, T=512 76.6-76.8 vs
+      // 78.5-78.6 us; in the T <= 32 kernel (2-3 units per CTA) T=1 / 8 / 16 / 32 12.0-12.4 /
+      // 24.6-24.7 / 36.1-36.4 / 48.7-49.1 vs 12.3-12.5 / 24.4-24.6 / 35.6-35.8 / 48.8-49.2: not
+      // there (docs/perf.md, twenty-fourth session). The rescale experiment's producer spilled with it.
+      constexpr bool kLookAhead = kRows == Rows::binned;
+      bool ahead = false, next_has = false;
+      Unit next_unit;
+      int next_begin = 0, next_rows = 0, next_token = -1;
       while (gather) {
-        const bool has_unit = work.template next<kBins>(s, a, unit);
-        int row_begin = 0, rows = 0;
-        if (has_unit) unit_rows<kBins>(s, a, unit, row_begin, rows);
+        bool has_unit;
+        int row_begin = 0, rows = 0, first_token = -1;
+        if (kLookAhead && ahead) {
+          has_unit = next_has, unit = next_unit, row_begin = next_begin, rows = next_rows, first_token = next_token;
+        } else {
+          has_unit = work.template next<kBins>(s, a, unit);
+          if (has_unit) unit_rows<kBins>(s, a, unit, row_begin, rows);
+        }
         if (dry) {
           // Warm-up: the code from the walk to here is now in the instruction caches. The unit and
           // its rows (stale shared memory, or offsets still being written) are not used. A CTA the
@@ -976,6 +993,14 @@ __global__ void __launch_bounds__(kThreads, 1)
           continue;
         }
         if (!has_unit) break;
+        if constexpr (kLookAhead) {
+          if (!ahead) first_token = pt < min(kChunk, rows) ? __ldcg(a.row_token + row_begin + pt) : -1;
+          next_has = work.template next<kBins>(s, a, next_unit);
+          next_begin = next_rows = 0;
+          if (next_has) unit_rows<kBins>(s, a, next_unit, next_begin, next_rows);
+          next_token = next_has && pt < min(kChunk, next_rows) ? __ldcg(a.row_token + next_begin + pt) : -1;
+          ahead = true;
+        }
         const int e = unit.expert, nb = unit.nb;
 #ifdef LOOM_CHAIN_TRACE
         if (pt == 0 && first_tile) LOOM_TRACE(kGemmFirstRows);
@@ -991,7 +1016,9 @@ __global__ void __launch_bounds__(kThreads, 1)
           }
           // Every thread has issued the previous chunk's copies (their addresses are taken at issue).
           ptx::named_barrier_sync(kGatherBarrier, kProducerThreads);
-          s.gather_token[pt] = pt < chunk_rows ? __ldcg(a.row_token + row_begin + chunk + pt) : -1;
+          s.gather_token[pt] = kLookAhead && chunk == 0 ? first_token
+                               : pt < chunk_rows            ? __ldcg(a.row_token + row_begin + chunk + pt)
+                                                            : -1;
           ptx::named_barrier_sync(kGatherBarrier, kProducerThreads);
           const int scale_token = s.gather_token[pt];
           for (int kb = unit.kb_begin; kb < unit.kb_end; ++kb) {
