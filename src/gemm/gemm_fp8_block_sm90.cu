@@ -971,7 +971,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       // 78.5-78.6 us; in the T <= 32 kernel (2-3 units per CTA) T=1 / 8 / 16 / 32 12.0-12.4 /
       // 24.6-24.7 / 36.1-36.4 / 48.7-49.1 vs 12.3-12.5 / 24.4-24.6 / 35.6-35.8 / 48.8-49.2: not
       // there (docs/perf.md, twenty-fourth session). The rescale experiment's producer spilled with it.
-      constexpr bool kLookAhead = kRows == Rows::binned;
+      constexpr bool kLookAhead = kBins;
       bool ahead = false, next_has = false;
       Unit next_unit;
       int next_begin = 0, next_rows = 0, next_token = -1;
