@@ -438,9 +438,10 @@ __global__ void __launch_bounds__(kThreads, 1)
     ptx::setmaxnreg_inc<kConsumerRegs>();
     // The wide kernel keeps a ring of 2 (with 3, T=1536 ran 0.5-0.7 us slower) over an even number
     // of K blocks, so it never rotates. ptxas reports a small spill in it since the loop took its
-    // rotating form (6 bytes stored, ~44-48 loaded; the tall kernel has none); measured harmless:
-    // T=1280 / 1536 / 1792 e2e equal to the earlier loop's within 0.1-0.3 us (docs/perf.md,
-    // thirteenth session).
+    // rotating form (then 6 bytes stored, ~44-48 loaded); measured harmless: T=1280 / 1536 / 1792
+    // e2e equal to the earlier loop's within 0.1-0.3 us (docs/perf.md, thirteenth session). The
+    // current build reports 14 / 60 bytes here and 8 / 8 in the tall kernel, whose one spill pair
+    // sits in the unit loader warp (40 registers), not in the K loop (SASS, twenty-fifth session).
     constexpr int kRingT = kWide ? 2 : kRing;
     const int consumer = warpgroup - 1, lane = threadIdx.x % 32, q = lane % 4, wg_thread = threadIdx.x % 128;
     uint32_t out_phase = 0;  // atomic mode: the parity of this warpgroup's next staged block
