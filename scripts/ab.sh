@@ -11,20 +11,16 @@
 # Example: VARIANTS="base new" TOKENS=128,8192 scripts/ab.sh   (exp/base, exp/new carried)
 set -u
 cd "$(dirname "$0")/.."
+source scripts/variant.sh
 export LD_LIBRARY_PATH=/usr/local/cuda/lib64${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
 build=${BUILD:-build}
 for r in $(seq 1 "${ROUNDS:-2}"); do
   for v in ${VARIANTS:-base}; do
-    args=""
-    [[ "$v" == *+* ]] && args=${v#*+} && v=${v%%+*}
-    name=${v%%:*} envs=""
-    [[ "$v" == *:* ]] && envs=${v#*:}
-    bin=$build/tools/loom
-    [ -x "exp/$name/tools/loom" ] && bin=exp/$name/tools/loom
+    parse_variant "$v" "$build"
     # shellcheck disable=SC2086
-    out=$(env ${envs//,/ } "$bin" bench --preset qwen35-single --tokens "${TOKENS:-2048,4096,8192}" \
-      --reps "${REPS:-200}" --no-sol --no-check ${EXTRA:-} ${args//+/ } 2>&1)
-    echo "r$r $name${envs:+ ($envs)}${args:+ [${args//+/ }]} | $(echo "$out" | awk '$1 ~ /^[0-9]+$/ && NF > 8 {printf "%s:%s/%s/%s ", $1, $3, $7, $8}')"
+    out=$(env $envs "$bin" bench --preset qwen35-single --tokens "${TOKENS:-2048,4096,8192}" \
+      --reps "${REPS:-200}" --no-sol --no-check ${EXTRA:-} $args 2>&1)
+    echo "r$r $label | $(echo "$out" | awk '$1 ~ /^[0-9]+$/ && NF > 8 {printf "%s:%s/%s/%s ", $1, $3, $7, $8}')"
     [ -n "${STAGES:-}" ] && echo "    $(echo "$out" | grep 'stages alone' | sed 's/stages alone //' | tr '\n' ' ')"
     echo "$out" | grep -i "error\|fail" | head -3
   done
