@@ -11,6 +11,7 @@
 #include "common/launch.hpp"
 #include "common/tensor_map.hpp"
 #include "gemm/gemm_fp8_regs_sm90.cuh"
+#include "gemm/gemm_fp8_resident_sm90.cuh"
 #include "gemm/ring_cursor.cuh"
 #include "gemm/work_queue.cuh"
 #include "pipeline/device_layout.hpp"
@@ -1096,6 +1097,12 @@ __global__ void __launch_bounds__(kThreads, 1)
 }  // namespace
 
 std::string GemmFp8Config::str() const {
+  if (resident_rows)
+    return std::string("fp8 grouped GEMM: 128 weight rows (M) x an expert's token rows in {16, 32, 48}-wide chunks (N), "
+                       "the chunk's rows resident in shared memory over all of K, 5 weight TMA stages, persistent "
+                       "grid") +
+           (dynamic ? ", units past the first round from a queue" : ", round robin") +
+           ", combine by bulk reductions from a shared-memory stage" + (weights_evict_first ? ", weights L2 evict-first" : "");
   if (x_source == XSource::token_fragments)
     return std::string("fp8 grouped GEMM: tiles of ") +
            (wide_tiles ? "64 of an expert's token rows (M) x 256 weight rows (N, one 128-row block per consumer)"
@@ -1246,6 +1253,25 @@ GemmFp8Config choose_gemm_fp8_config(int64_t tokens, int64_t topk, int64_t exper
     // 98.4-98.6 / 143.8-143.9 / 249.6-251.6 vs 84.4-84.6 / 98.4-98.6 / 148.6-148.8 / 257.4-258.0 us.
     c.dynamic = true;
   }
+  // Resident token rows (weights on M, an expert's rows in shared memory over all of K), from expert
+  // bins, while nearly every expert has rows (a compact walk of fewer hit experts leaves CTAs idle:
+  // T=33 e2e 59.5 vs 49.7 us) and the kernel holds 1.5x the mean rows per expert in one chunk (a
+  // second chunk streams the expert's weights again: T=1280, 40 rows, 106.7 vs 85.2). Measured e2e,
+  // resident vs the chooser's kernel before it (one build, environment switch, x2 in one call;
+  // twenty-eighth session): T=64 64.8-64.9 vs 64.5-64.6 (hit 222 of 256: not taken), T=128
+  // 71.2-71.3 vs 71.9, T=256 72.7-72.8 vs 72.6-72.7, T=384 74.1-74.2 vs 74.0-74.1, T=512 74.8 vs
+  // 76.5-76.6, T=768 76.3-76.4 vs 81.7, T=1024 78.1-78.3 vs 82.1 us. Skewed routes from logits
+  // (the chooser assumes uniform routing): T=128 zipf:1.2 61.4 vs 58.0, hot:0.9 71.5 vs 72.6; T=512
+  // zipf:1.2 88.9 vs 90.4, hot:0.9 88.8 vs 81.5 us.
+  if (gather_from_bins_allowed && tokens > kGatherMaxTokens && hit >= 0.9 * double(experts) &&
+      rows_per_expert <= kResidentRowsMaxRowsPerExpert &&
+      1.5 * rows_per_expert <= double(resident_rows_capacity(n, k))) {
+    c = GemmFp8Config{};
+    c.resident_rows = true;
+    c.prefetch = false;
+    c.weights_evict_first = stream_outgrows_l2;
+    c.dynamic = true;
+  }
   return c;
 }
 
@@ -1265,6 +1291,7 @@ int pipeline_stages(const GemmFp8Config& c) {
 void launch_gemm_fp8(const GemmFp8Params& p, const GemmFp8Config& cfg, const DeviceInfo& device, cudaStream_t stream,
                      bool pdl) {
   if (cfg.x_source == XSource::token_fragments) return launch_gemm_fp8_regs(p, cfg, device, stream, pdl);
+  if (cfg.resident_rows) return launch_gemm_fp8_resident(p, cfg, device, stream, pdl);
   if (cfg.x_evict_last) throw Error("fp8 GEMM: x_evict_last is for the register-loaded GEMM (token fragments) only");
   if (p.expert_counts &&
       (cfg.x_source != XSource::gather_by_token || p.combine != CombineMode::atomic || cfg.rescale_promotion))

@@ -59,6 +59,10 @@ inline constexpr double kGatherBinsMaxRowsPerExpert = 24.0;  // T=768 on the pre
 inline constexpr double kTokenFragmentsMinRowsPerExpert = 52.0;
 inline constexpr double kWideTilesRowsPerExpert[2] = {30.0, kTokenFragmentsMinRowsPerExpert};
 inline constexpr double kWideTilesFromBinsRowsPerExpert = 24.0;
+// Resident token rows (GemmFp8Config::resident_rows) up to this many routed rows per expert, where
+// the routes reach the GEMM in expert bins, nearly every expert has rows, and the kernel holds 1.5x
+// the mean in one chunk (the measurements: choose_gemm_fp8_config).
+inline constexpr double kResidentRowsMaxRowsPerExpert = 32.0;
 inline constexpr int kRegsRing = 3;        // the kernel's K blocks in registers: K >= 128 kRegsRing
 inline constexpr int kRegsTileRows = 128;  // an expert's token rows per tile (128 x 128 tiles)
 inline constexpr int kRegsMaxK = 64 * 128; // its weight scales per unit in shared memory
@@ -111,6 +115,10 @@ struct GemmFp8Config {
   // rows) instead of 128 x 128, for experts of about 64 rows (gemm_fp8_regs_sm90.cu); K a multiple
   // of 256.
   bool wide_tiles = false;
+  // Gathered rows (XSource::gather_by_token), fast combine: the kernel that holds an expert's token
+  // rows in shared memory over all of K while its weights stream past them, weight rows on M
+  // (gemm_fp8_resident_sm90.cuh). With dynamic, units past the first round come from work_queue.
+  bool resident_rows = false;
   std::string str() const;
 };
 

@@ -167,7 +167,9 @@ std::string describe(const Plan& p) {
        "above " << kGatherMaxTokens << " tokens, below the wide tiles' start (at most " << kGatherBinsMaxRowsPerExpert
     << " routed rows per expert), from logits with the fast combine, a one-CTA counter clear -> route + quantise + "
        "append each route to its expert's bin -> GEMM walking (expert, weight block, chunk of <= "
-    << kGatherMaxTokens << " rows) units\n"
+    << kGatherMaxTokens << " rows) units, or, where nearly every expert has rows and up to "
+    << kResidentRowsMaxRowsPerExpert << " rows per expert, the GEMM holding each expert's rows in shared memory "
+       "over all of K while its weights stream past (weight rows on M)\n"
     << "kernels (GEMM loading rows by token into registers, from " << kTokenFragmentsMinRowsPerExpert
     << " routed rows per expert, and in 64 x 256 tiles from " << kWideTilesRowsPerExpert[0] << " (from "
     << kWideTilesFromBinsRowsPerExpert << " with expert bins) to " << kWideTilesRowsPerExpert[1]

@@ -1,11 +1,13 @@
-// The GEMM configuration chooser on the host (no GPU): which activation layout and tile shape each
-// batch gets, and that the choice holds the register-loaded kernel's K limits.
+// The GEMM configuration chooser on the host (no GPU): which activation layout, kernel and tile
+// shape each batch gets, and that the choice holds the register-loaded and resident-rows kernels'
+// limits.
 #include <gtest/gtest.h>
 
 #include <cstdint>
 
 #include "common/device_info.hpp"
 #include "gemm/gemm_fp8_block_sm90.cuh"
+#include "gemm/gemm_fp8_resident_sm90.cuh"
 
 namespace loom {
 namespace {
@@ -45,14 +47,19 @@ TEST(GemmFp8Config, TokenFragmentRangesAndWideTiles) {
 
 // Routes in expert bins (from logits, fast combine): batches above kGatherMaxTokens gather by token
 // while experts have at most kGatherBinsMaxRowsPerExpert rows (24 on the preset: T = 768), with no
-// split-K (the chunk walk takes none); otherwise the choice is the one without bins.
+// split-K (the chunk walk takes none), and in the resident-rows kernel where nearly every expert has
+// rows (ResidentRowsFromExpertBins); otherwise the choice is the one without bins.
 TEST(GemmFp8Config, GatheringFromExpertBins) {
-  for (const int64_t t : {int64_t(33), int64_t(128), int64_t(512), int64_t(767)}) {
+  // 165 and 222 of 256 experts hit: the gathering kernel's chunk walk.
+  for (const int64_t t : {int64_t(33), int64_t(64)}) {
     const GemmFp8Config c = choose_gemm_fp8_config(t, 8, 256, 512, 2048, false, h200_like(), true, true);
     EXPECT_EQ(c.x_source, XSource::gather_by_token) << t;
+    EXPECT_FALSE(c.resident_rows) << t;
     EXPECT_EQ(c.split_k, 1) << t;
     EXPECT_FALSE(c.dynamic) << t;
     EXPECT_FALSE(c.handoff_epilogue) << t;
+  }
+  for (const int64_t t : {int64_t(33), int64_t(128), int64_t(512), int64_t(767)}) {
     EXPECT_EQ(choose_gemm_fp8_config(t, 8, 256, 512, 2048, false, h200_like()).x_source, XSource::sorted_rows) << t;
     // The deterministic combine takes no bins; the experiment options keep to their kernels.
     EXPECT_EQ(choose_gemm_fp8_config(t, 8, 256, 512, 2048, true, h200_like(), true, true).x_source,
@@ -60,27 +67,47 @@ TEST(GemmFp8Config, GatheringFromExpertBins) {
     EXPECT_EQ(choose_gemm_fp8_config(t, 8, 256, 512, 2048, false, h200_like(), false, true).x_source,
               XSource::sorted_rows) << t;
   }
-  EXPECT_EQ(choose_gemm_fp8_config(769, 8, 256, 512, 1152, false, h200_like(), true, true).x_source,
-            XSource::sorted_rows);
   EXPECT_EQ(choose_gemm_fp8_config(2048, 8, 256, 512, 2048, false, h200_like(), true, true).x_source,
             XSource::token_fragments);
   // With bins the register-loaded kernel's wide tiles start at kWideTilesFromBinsRowsPerExpert (24
-  // rows: T = 768), without them at kWideTilesRowsPerExpert[0] (30: T = 960).
-  const GemmFp8Config wide_from_bins = choose_gemm_fp8_config(768, 8, 256, 512, 2048, false, h200_like(), true, true);
+  // rows: T = 768) where the resident rows leave off (above 32 rows: T = 1025), without them at
+  // kWideTilesRowsPerExpert[0] (30: T = 960).
+  const GemmFp8Config wide_from_bins = choose_gemm_fp8_config(1025, 8, 256, 512, 2048, false, h200_like(), true, true);
   EXPECT_EQ(wide_from_bins.x_source, XSource::token_fragments);
   EXPECT_TRUE(wide_from_bins.wide_tiles);
-  EXPECT_EQ(choose_gemm_fp8_config(767, 8, 256, 512, 2048, false, h200_like(), true, true).x_source,
-            XSource::gather_by_token);
   EXPECT_EQ(choose_gemm_fp8_config(768, 8, 256, 512, 2048, false, h200_like()).x_source, XSource::sorted_rows);
   EXPECT_TRUE(use_token_fragments(768, 8, 256, 2048, true));
   EXPECT_FALSE(use_token_fragments(768, 8, 256, 2048));
   EXPECT_TRUE(use_token_fragments(960, 8, 256, 2048));
-  // Where K rules out wide tiles (not a multiple of 256), bins keep the gathering kernel to 24 rows.
-  EXPECT_EQ(choose_gemm_fp8_config(768, 8, 256, 512, 1152, false, h200_like(), true, true).x_source,
-            XSource::gather_by_token);
-  // Few units (8 experts x 4 weight blocks): no split-K with the chunk walk, split-K without bins.
+  // Where K rules out wide tiles (not a multiple of 256), above the resident rows' range: sorted rows.
+  EXPECT_EQ(choose_gemm_fp8_config(1056, 8, 256, 512, 1152, false, h200_like(), true, true).x_source,
+            XSource::sorted_rows);
+  // Few units (8 experts x 4 weight blocks): no split-K from bins, split-K without them.
   EXPECT_EQ(choose_gemm_fp8_config(40, 2, 8, 512, 2048, false, h200_like(), true, true).split_k, 1);
   EXPECT_GT(choose_gemm_fp8_config(40, 2, 8, 512, 2048, false, h200_like()).split_k, 1);
+}
+
+// The resident-rows kernel: from expert bins, with nearly every expert hit, up to 32 rows per
+// expert, where its shared memory holds 1.5x the mean rows over all of K.
+TEST(GemmFp8Config, ResidentRowsFromExpertBins) {
+  EXPECT_EQ(resident_rows_capacity(512, 2048), 48);
+  EXPECT_EQ(resident_rows_capacity(512, 7168), 0);   // 16 rows of 7168 codes do not fit beside the ring
+  EXPECT_EQ(resident_rows_capacity(8192, 2048), 0);  // 64 x 16 weight scales a unit: more than its record holds
+  EXPECT_EQ(resident_rows_capacity(512, 2000), 0);   // partial K blocks
+  for (const int64_t t : {int64_t(128), int64_t(512), int64_t(767), int64_t(1024)}) {
+    const GemmFp8Config c = choose_gemm_fp8_config(t, 8, 256, 512, 2048, false, h200_like(), true, true);
+    EXPECT_TRUE(c.resident_rows) << t;
+    EXPECT_EQ(c.x_source, XSource::gather_by_token) << t;
+    EXPECT_TRUE(c.dynamic) << t;
+    EXPECT_EQ(c.split_k, 1) << t;
+    EXPECT_FALSE(c.balanced || c.handoff_epilogue || c.rescale_promotion || c.bulk_combine || c.wide_tiles) << t;
+    EXPECT_FALSE(choose_gemm_fp8_config(t, 8, 256, 512, 2048, false, h200_like()).resident_rows) << t;  // no bins
+    EXPECT_FALSE(choose_gemm_fp8_config(t, 8, 256, 512, 2048, true, h200_like(), true, true).resident_rows) << t;
+    EXPECT_FALSE(choose_gemm_fp8_config(t, 8, 256, 512, 2048, false, h200_like(), false, true).resident_rows) << t;
+    EXPECT_FALSE(choose_gemm_fp8_config(t, 8, 256, 512, 7168, false, h200_like(), true, true).resident_rows) << t;
+  }
+  for (const int64_t t : {int64_t(64), int64_t(1025), int64_t(2048)})
+    EXPECT_FALSE(choose_gemm_fp8_config(t, 8, 256, 512, 2048, false, h200_like(), true, true).resident_rows) << t;
 }
 
 // The register-loaded GEMM's L2 priorities once the weight stream outgrows half of L2: activation

@@ -1,7 +1,7 @@
 // The FP8 grouped GEMM alone, on inputs laid out by the CPU references (dispatch, quantise): every
 // activation source (gathered by token from token order, an expert-sorted copy, token-order codes
-// in A-fragment order loaded into registers) and both epilogues against grouped_gemm_ref +
-// combine_ref, per row.
+// in A-fragment order loaded into registers, token rows resident in shared memory) and both
+// epilogues against grouped_gemm_ref + combine_ref, per row.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -12,6 +12,7 @@
 #include "common/rng.hpp"
 #include "dispatch/dispatch_ref.hpp"
 #include "gemm/gemm_fp8_block_sm90.cuh"
+#include "gemm/gemm_fp8_resident_sm90.cuh"
 #include "gemm/gemm_ref.hpp"
 #include "gpu_test.hpp"
 #include "pipeline/device_layout.hpp"
@@ -146,10 +147,25 @@ void run_case(const GemmCase& c, CombineMode mode, uint64_t seed) {
     return dout.to_host<float>();
   };
 
+  // Resident token rows (weights on M, an expert's rows in shared memory over all of K, in chunks of
+  // at most resident_rows_capacity), round robin and from the queue, with and without PDL.
+  auto run_resident = [&](bool pdl, const char* routes) {
+    if (resident_rows_capacity(N, K) == 0) return;
+    GemmFp8Config cfg;
+    cfg.resident_rows = true;
+    cfg.weights_evict_first = pdl;
+    cfg.dynamic = pdl;
+    SCOPED_TRACE(cfg.str() + ", " + routes);
+    const std::vector<float> res = launch(cfg, pdl);
+    const ErrorStats e = relative_error(res.data(), ref.data(), out_rows, N);
+    EXPECT_LE(e.overall, 2e-3);
+    EXPECT_LE(e.worst_row, 1e-2) << "worst token row " << e.worst_row_index;
+  };
+
   GemmFp8Config chosen = choose_gemm_fp8_config(s.tokens, s.topk, s.experts, N, K, mode == CombineMode::store, dev);
   // The variants and walks below are the options of the other kernels: start them from its defaults
   // where the chooser took the register-loaded kernel (which has none; it runs on its own below).
-  if (chosen.x_source == XSource::token_fragments) chosen = GemmFp8Config{};
+  if (chosen.x_source == XSource::token_fragments || chosen.resident_rows) chosen = GemmFp8Config{};
   std::vector<float> got, got_default;
   // Both activation sources, both epilogues (sorted rows), and the options kept for measurement:
   // the in-place rescale promotion and the bulk-reduction combine. Every kernel instantiation runs:
@@ -259,11 +275,13 @@ void run_case(const GemmCase& c, CombineMode mode, uint64_t seed) {
         EXPECT_LE(e.overall, 2e-3);
         EXPECT_LE(e.worst_row, 1e-2) << "worst token row " << e.worst_row_index;
       }
+    for (const bool pdl : {false, true}) run_resident(pdl, "expert bins");
     p.offsets = doff.as<int32_t>();
     p.expert_counts = nullptr;
     p.expert_stride = 0;
     p.row_token = dtok.as<int32_t>();
     p.row_weight = dwt.as<float>();
+    run_resident(true, "offsets");
   }
   // Every unit walk (dense / compact, round robin / balanced shares / dynamic queue) and split-K
   // setting computes the same product.
