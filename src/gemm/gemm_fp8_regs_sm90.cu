@@ -9,6 +9,7 @@
 #include "common/launch.hpp"
 #include "common/tensor_map.hpp"
 #include "gemm/promote_rows.cuh"
+#include "gemm/expert_scan.cuh"
 #include "gemm/ring_cursor.cuh"
 #include "gemm/work_queue.cuh"
 #include "pipeline/device_layout.hpp"
@@ -54,7 +55,7 @@ static_assert(kBlockK == 4 * 32, "four k32 MMAs per K block; a quad lane's 32 fr
 static_assert(kTileRows == 2 * 64 && kThreads == 3 * 128, "one producer and two consumer warpgroups of 64 rows");
 static_assert(kTileCols == 128, "the MMA wrapper is m64n128k32; one weight-scale block per tile");
 static_assert(128 * kProducerRegs + 256 * kConsumerRegs <= kThreads * kLaunchRegs, "the CTA's register pool");
-static_assert(kMaxTileExperts == 32 * 16, "the tile scan gives each lane of one warp 16 experts");
+static_assert(kMaxTileExperts == kExpertScanMaxExperts, "one expert scan covers every expert");
 
 // A unit's rows as the consumers need them, loaded ahead by producer warp 1 (so no global load
 // of the consumers shares a scoreboard with their activation loads in flight).
@@ -174,29 +175,7 @@ __device__ __forceinline__ void build_tile_starts(Smem& s, const Args& a) {
     s.expert_end[e] = begin + rows;
   }
   __syncthreads();
-  if (threadIdx.x < 32) {
-    const int lane = threadIdx.x, e0 = 16 * lane;
-    int local[16], sum = 0;
-#pragma unroll
-    for (int i = 0; i < 16; ++i) {
-      local[i] = e0 + i < a.experts ? s.tile_start[e0 + i + 1] : 0;
-      sum += local[i];
-    }
-    int incl = sum;
-#pragma unroll
-    for (int off = 1; off < 32; off *= 2) {
-      const int v = __shfl_up_sync(0xffffffffu, incl, off);
-      if (lane >= off) incl += v;
-    }
-    int run = incl - sum;
-    __syncwarp();  // every lane has read its counts before any lane overwrites them
-#pragma unroll
-    for (int i = 0; i < 16; ++i) {
-      run += local[i];
-      if (e0 + i < a.experts) s.tile_start[e0 + i + 1] = run;
-    }
-    if (lane == 0) s.tile_start[0] = 0;
-  }
+  if (threadIdx.x < 32) scan_expert_counts(s.tile_start, a.experts, threadIdx.x);
   __syncthreads();
 }
 

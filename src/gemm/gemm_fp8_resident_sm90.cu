@@ -8,6 +8,7 @@
 #include "common/cuda_check.hpp"
 #include "common/launch.hpp"
 #include "common/tensor_map.hpp"
+#include "gemm/expert_scan.cuh"
 #include "gemm/ring_cursor.cuh"
 #include "gemm/work_queue.cuh"
 #include "pipeline/device_layout.hpp"
@@ -50,7 +51,7 @@ static_assert(kGatherThreads == 8 * 8, "8 threads per 128-byte row (16 bytes eac
 static_assert(kMaxChunkRows % 16 == 0 && kMaxChunkRows <= kGatherThreads, "widths in 16s; a scale per gather thread");
 static_assert(kMaxChunkRows <= 128, "one bulk reduction per token by a thread of the consumer warpgroup");
 static_assert(kStageStride * 4 % 16 == 0, "each staged token starts 16-byte aligned (bulk copies)");
-static_assert(kMaxUnitExperts == 32 * 16, "the chunk scan gives each lane of one warp 16 experts");
+static_assert(kMaxUnitExperts == kExpertScanMaxExperts, "one expert scan covers every expert");
 
 struct UnitMeta {
   int32_t token[kMaxChunkRows];  // -1 past the chunk's rows
@@ -109,29 +110,7 @@ __device__ __forceinline__ void build_chunk_starts(Smem& s, const Args& a) {
     s.expert_rows[e] = rows;
   }
   __syncthreads();
-  if (threadIdx.x < 32) {
-    const int lane = threadIdx.x, e0 = 16 * lane;
-    int local[16], sum = 0;
-#pragma unroll
-    for (int i = 0; i < 16; ++i) {
-      local[i] = e0 + i < a.experts ? s.chunk_start[e0 + i + 1] : 0;
-      sum += local[i];
-    }
-    int incl = sum;
-#pragma unroll
-    for (int off = 1; off < 32; off *= 2) {
-      const int v = __shfl_up_sync(0xffffffffu, incl, off);
-      if (lane >= off) incl += v;
-    }
-    int run = incl - sum;
-    __syncwarp();  // every lane has read its counts before any lane overwrites them
-#pragma unroll
-    for (int i = 0; i < 16; ++i) {
-      run += local[i];
-      if (e0 + i < a.experts) s.chunk_start[e0 + i + 1] = run;
-    }
-    if (lane == 0) s.chunk_start[0] = 0;
-  }
+  if (threadIdx.x < 32) scan_expert_counts(s.chunk_start, a.experts, threadIdx.x);
   __syncthreads();
 }
 
