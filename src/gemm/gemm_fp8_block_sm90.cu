@@ -12,6 +12,7 @@
 #include "common/tensor_map.hpp"
 #include "gemm/gemm_fp8_regs_sm90.cuh"
 #include "gemm/gemm_fp8_resident_sm90.cuh"
+#include "gemm/promote_rows.cuh"
 #include "gemm/ring_cursor.cuh"
 #include "gemm/work_queue.cuh"
 #include "pipeline/device_layout.hpp"
@@ -490,13 +491,7 @@ __device__ __forceinline__ void promote_block(S& s, float (&acc)[W / 2], float (
   // Every lane's shared-memory reads of this stage (wgmma operands, scales) are done: free it.
   __syncwarp();
   if (lane == 0) ptx::mbar_arrive(&s.empty[stage]);
-#pragma unroll
-  for (int j = 0; j < W / 8; ++j) {
-    final_acc[4 * j + 0] += acc[4 * j + 0] * sa[2 * j];
-    final_acc[4 * j + 1] += acc[4 * j + 1] * sa[2 * j + 1];
-    final_acc[4 * j + 2] += acc[4 * j + 2] * sa[2 * j];
-    final_acc[4 * j + 3] += acc[4 * j + 3] * sa[2 * j + 1];
-  }
+  promote_columns<W>(final_acc, acc, sa);
 }
 
 // Stores the accumulator fragment's token columns 8 j0 .. 8 j0 + kCols - 1 as staged columns

@@ -353,9 +353,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         if (u + int(gridDim.x) < static_end) {
           u += gridDim.x;
         } else {
-          int next = 0;
-          if (lane == 0) next = static_end + atomicAdd(a.queue, 1);
-          u = __shfl_sync(0xffffffffu, next, 0);
+          u = fetch_work_unit(a.queue, static_end, lane);
         }
       }
       if (a.queue != nullptr && lane == 0) leave_work_queue(a.queue);  // lane 0 made every fetch

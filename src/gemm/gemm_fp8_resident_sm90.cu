@@ -9,6 +9,7 @@
 #include "common/launch.hpp"
 #include "common/tensor_map.hpp"
 #include "gemm/expert_scan.cuh"
+#include "gemm/promote_rows.cuh"
 #include "gemm/ring_cursor.cuh"
 #include "gemm/work_queue.cuh"
 #include "pipeline/device_layout.hpp"
@@ -125,17 +126,6 @@ __device__ __forceinline__ int unit_expert(const Smem& s, const Args& a, int u) 
   return lo;
 }
 
-template <int W>
-__device__ __forceinline__ void promote(float (&final_acc)[W / 2], const float (&acc)[W / 2], const float (&sa)[W / 4]) {
-#pragma unroll
-  for (int j = 0; j < W / 8; ++j) {
-    final_acc[4 * j + 0] += acc[4 * j + 0] * sa[2 * j];
-    final_acc[4 * j + 1] += acc[4 * j + 1] * sa[2 * j + 1];
-    final_acc[4 * j + 2] += acc[4 * j + 2] * sa[2 * j];
-    final_acc[4 * j + 3] += acc[4 * j + 3] * sa[2 * j + 1];
-  }
-}
-
 // out[token, n0 .. n0 + 63] += top-k weight * final, by one bulk reduction per token from the
 // warpgroup's staging block (a thread holds weight rows r, r + 8 of token columns c, c + 1). Red.v4
 // from registers after a transpose across lanes cost 3 / 9 / 23 us more than no combine at
@@ -215,7 +205,7 @@ __device__ __forceinline__ void consume_unit(Smem& s, const Args& a, const UnitM
         if (last_block) ptx::mbar_arrive(&s.tok_empty[kb]);
       }
       st.advance();
-      promote<W>(final_acc, acc, sa);
+      promote_columns<W>(final_acc, acc, sa);
     }
     combine<W>(s, a, m, final_acc, nb * kTileRows + consumer * 64, consumer);
   }
@@ -305,13 +295,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       ptx::mbar_arrive(&s.meta_full[mc.stage]);  // release: this lane's stores
       mc.advance();
       if (u >= units) break;
-      if (a.queue == nullptr) {
-        u += gridDim.x;
-      } else {
-        int next = 0;
-        if (lane == 0) next = int(gridDim.x) + atomicAdd(a.queue, 1);
-        u = __shfl_sync(0xffffffffu, next, 0);
-      }
+      u = a.queue == nullptr ? u + int(gridDim.x) : fetch_work_unit(a.queue, int(gridDim.x), lane);
     }
     if (a.queue != nullptr && lane == 0) leave_work_queue(a.queue);  // lane 0 made every fetch
   } else if (warp < 4) {

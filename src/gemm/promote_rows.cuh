@@ -1,6 +1,7 @@
-// The FP8 promotion of one K block for an m64n128 wgmma accumulator whose scale varies by row
-// (tokens on the MMA's M side): final += block * scale of the element's row. Thread layout as in
-// ptx/wgmma.cuh: block[4j + 0..1] are row r's, block[4j + 2..3] row r + 8's.
+// The FP8 promotion of one K block, final += block * the element's scale, for wgmma accumulators
+// whose scale varies by row (tokens on the MMA's M side) or by column (tokens on its N side). Thread
+// layout as in ptx/wgmma.cuh: block[4j + 0..1] are row r's columns c, c + 1, block[4j + 2..3] row
+// r + 8's.
 #pragma once
 
 namespace loom {
@@ -13,6 +14,19 @@ __device__ __forceinline__ void promote_rows(float (&final_acc)[64], const float
     final_acc[4 * j + 1] += block[4 * j + 1] * scale_r;
     final_acc[4 * j + 2] += block[4 * j + 2] * scale_r8;
     final_acc[4 * j + 3] += block[4 * j + 3] * scale_r8;
+  }
+}
+
+// m64nW accumulator, scale by column: scale[2j], scale[2j + 1] are columns 8j + 2q and 8j + 2q + 1's.
+template <int W>
+__device__ __forceinline__ void promote_columns(float (&final_acc)[W / 2], const float (&block)[W / 2],
+                                                const float (&scale)[W / 4]) {
+#pragma unroll
+  for (int j = 0; j < W / 8; ++j) {
+    final_acc[4 * j + 0] += block[4 * j + 0] * scale[2 * j];
+    final_acc[4 * j + 1] += block[4 * j + 1] * scale[2 * j + 1];
+    final_acc[4 * j + 2] += block[4 * j + 2] * scale[2 * j];
+    final_acc[4 * j + 3] += block[4 * j + 3] * scale[2 * j + 1];
   }
 }
 

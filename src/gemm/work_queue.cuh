@@ -6,6 +6,14 @@
 
 namespace loom {
 
+// The next unit a warp takes from the queue (base + the units taken before it): lane 0 fetches, every
+// lane returns it. Called by all 32 lanes of the fetching warp.
+__device__ __forceinline__ int fetch_work_unit(int32_t* queue, int base, int lane) {
+  int next = 0;
+  if (lane == 0) next = base + atomicAdd(queue, 1);
+  return __shfl_sync(0xffffffffu, next, 0);
+}
+
 // Called once per CTA, by the thread that fetches, after its last fetch has returned (the value
 // that ended its walk): the CTA counts itself out, and the last CTA out leaves both words zero for
 // the next launch (no fetch can follow, every CTA having made its last).
