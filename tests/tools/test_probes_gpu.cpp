@@ -47,11 +47,12 @@ TEST(ProbesGpu, SkeletonReportsEveryLoopWithinThePipesRate) {
   opt.repeats = 1;
   const std::string table = run_skeleton(opt, log);
   const auto rows = table_numbers(table, 3);  // cycles per K block, pipe busy %, us
-  ASSERT_EQ(rows.size(), 11u) << table;
+  ASSERT_EQ(rows.size(), 17u) << table;
   for (const auto& r : rows) {
-    // At most the pipe's rate (the 64-cycle MMA estimate leaves a little above 100 %), and every
-    // loop does its MMAs: no variant is free.
-    EXPECT_GT(r[0], 400.0) << table;
+    // At most the pipe's rate (the N/2-cycle MMA estimate leaves a little above 100 %), and every
+    // loop does its MMAs: no variant is free (the narrowest, n48 on both warpgroups, takes 192
+    // cycles of MMAs per K block).
+    EXPECT_GT(r[0], 150.0) << table;
     EXPECT_GT(r[1], 20.0) << table;
     EXPECT_LT(r[1], 110.0) << table;
   }
@@ -81,7 +82,7 @@ TEST(ProbesGpu, StreamProbeReadsFromHbmAtAPlausibleRate) {
   opt.repeats = 1;
   const std::string table = run_stream_probe(opt, log);
   const auto rows = table_numbers(table, 3);  // KiB, us, TB/s
-  ASSERT_EQ(rows.size(), 21u) << table;
+  ASSERT_EQ(rows.size(), 24u) << table;
   for (const auto& r : rows) {
     // Every launch reads its 256 MiB from HBM (the other copy was read in between): below the
     // H200's 4.8 TB/s, and not a kernel that stalled or skipped its bytes.

@@ -87,6 +87,34 @@ __device__ __forceinline__ void issue(float (&acc)[64], float (&acc2)[64], const
   ptx::wgmma_commit_group();
 }
 
+// Fixed operand tiles and scales, and the stage ring's barriers (empty: one arrival per consumer
+// warp); the block's threads meet after.
+__device__ __forceinline__ void init_operands(Smem& s, int threads, int consumer_warps) {
+  uint32_t* words = reinterpret_cast<uint32_t*>(&s);
+  const uint32_t fill = kOperandByte * 0x01010101u;
+  for (int i = threadIdx.x; i < int((kStages + 2) * kTileBytes / 4); i += threads) words[i] = fill;
+  for (int i = threadIdx.x; i < kStages * 3 * 64; i += threads) (&s.xs[0][0])[i] = 1.0f + 1e-3f * float(i % 7);
+  if (threadIdx.x == 0) {
+    for (int i = 0; i < kStages; ++i) {
+      ptx::mbar_init(&s.full[i], 1);
+      ptx::mbar_init(&s.empty[i], consumer_warps);
+    }
+    ptx::fence_mbar_init();
+    s.zero_word = 0;
+  }
+  __syncthreads();
+}
+
+// The stage ring's producer, with nothing to copy: each stage full as soon as it is free.
+__device__ __forceinline__ void cycle_stages(Smem& s, int kblocks) {
+  Stage st;
+  for (int b = 0; b < kblocks; ++b) {
+    ptx::mbar_wait(&s.empty[st.stage], st.phase ^ 1);
+    ptx::mbar_arrive(&s.full[st.stage]);
+    st.advance();
+  }
+}
+
 __device__ __forceinline__ void free_stage(Smem& s, const Stage& st) {
   __syncwarp();
   if (threadIdx.x % 32 == 0) ptx::mbar_arrive(&s.empty[st.stage]);
@@ -99,30 +127,11 @@ __global__ void __launch_bounds__(Config<kConsumers, kRegA, kWide, kPromote, kCh
   extern __shared__ uint8_t smem_raw[];
   const uint32_t pad = (1024u - uint32_t(reinterpret_cast<uintptr_t>(smem_raw) % 1024u)) % 1024u;
   Smem& s = *reinterpret_cast<Smem*>(smem_raw + pad);
-  uint32_t* words = reinterpret_cast<uint32_t*>(&s);
-  const uint32_t fill = kOperandByte * 0x01010101u;
-  for (int i = threadIdx.x; i < int((kStages + 2) * kTileBytes / 4); i += C::kThreads) words[i] = fill;
-  for (int i = threadIdx.x; i < kStages * 3 * 64; i += C::kThreads) (&s.xs[0][0])[i] = 1.0f + 1e-3f * float(i % 7);
-  if (threadIdx.x == 0) {
-    for (int i = 0; i < kStages; ++i) {
-      ptx::mbar_init(&s.full[i], 1);
-      ptx::mbar_init(&s.empty[i], 4 * kConsumers);
-    }
-    ptx::fence_mbar_init();
-    s.zero_word = 0;
-  }
-  __syncthreads();
+  init_operands(s, C::kThreads, 4 * kConsumers);
   const int warpgroup = threadIdx.x / 128;
   if (warpgroup == 0) {
     ptx::setmaxnreg_dec<C::kProducerRegs>();
-    if (threadIdx.x == 0) {  // the stage ring's producer, with nothing to copy
-      Stage st;
-      for (int b = 0; b < kblocks; ++b) {
-        ptx::mbar_wait(&s.empty[st.stage], st.phase ^ 1);
-        ptx::mbar_arrive(&s.full[st.stage]);
-        st.advance();
-      }
-    }
+    if (threadIdx.x == 0) cycle_stages(s, kblocks);
     return;
   }
   ptx::setmaxnreg_inc<C::kConsumerRegs>();
@@ -224,9 +233,102 @@ __global__ void __launch_bounds__(Config<kConsumers, kRegA, kWide, kPromote, kCh
   if (kblocks < 0) sink[threadIdx.x] = keep;  // never: keeps the accumulators live
 }
 
+// Tokens on the MMA's N side (the resident-rows GEMM's orientation): A is the stage's weight tile
+// (64 rows per consumer warpgroup, both warpgroups on the same stage), B a fixed tile of W token
+// rows; the promotion scales by column (scales read from shared memory, as promote_columns). Each
+// K block spans kGroups stages, each promoted into its own final accumulator (a K-outer walk over
+// kGroups weight blocks of one expert). kPipelined (kGroups 1): two block accumulators, block b + 1
+// issued before block b is waited for, drained every 2 blocks.
+template <int W, int kGroups, bool kPipelined>
+__global__ void __launch_bounds__(384, 1)
+    skeleton_tokens_kernel(int kblocks, unsigned long long* cycles, float* sink) {
+  static_assert(!kPipelined || kGroups == 1, "pipelined form: one weight block per K block");
+  static_assert(W % 16 == 0 && W * kBlockK <= kTileBytes, "the token tile fits one A buffer");
+  constexpr uint32_t kProducerRegs = 40, kConsumerRegs = 232;
+  using Mma = ptx::WgmmaE4M3<W>;
+  extern __shared__ uint8_t smem_raw[];
+  const uint32_t pad = (1024u - uint32_t(reinterpret_cast<uintptr_t>(smem_raw) % 1024u)) % 1024u;
+  Smem& s = *reinterpret_cast<Smem*>(smem_raw + pad);
+  init_operands(s, 384, 8);
+  const int warpgroup = threadIdx.x / 128;
+  if (warpgroup == 0) {
+    ptx::setmaxnreg_dec<kProducerRegs>();
+    if (threadIdx.x == 0) cycle_stages(s, kblocks);
+    return;
+  }
+  ptx::setmaxnreg_inc<kConsumerRegs>();
+  const int consumer = warpgroup - 1, q = threadIdx.x % 4;
+  const uint64_t desc_b = ptx::smem_desc_k_major_sw128(&s.a[0][0]);
+  float fin[kGroups][W / 2], acc0[W / 2], acc1[W / 2];
+#pragma unroll
+  for (int g = 0; g < kGroups; ++g)
+#pragma unroll
+    for (int i = 0; i < W / 2; ++i) fin[g][i] = 0.0f;
+  auto issue = [&](float (&acc)[W / 2], const Stage& at) {
+    ptx::mbar_wait(&s.full[at.stage], at.phase);
+    const uint64_t desc_a = ptx::smem_desc_k_major_sw128(&s.b[at.stage][consumer * 64 * kBlockK]);
+#pragma unroll
+    for (int i = 0; i < W / 2; ++i) ptx::fence_operand(acc[i]);
+    ptx::wgmma_fence();
+#pragma unroll
+    for (int j = 0; j < 4; ++j) Mma::mma(acc, desc_a + 2 * j, desc_b + 2 * j, j > 0 ? 1 : 0);
+    ptx::wgmma_commit_group();
+  };
+  auto retire = [&](float (&f)[W / 2], float (&acc)[W / 2], const Stage& at) {
+#pragma unroll
+    for (int i = 0; i < W / 2; ++i) ptx::fence_operand(acc[i]);
+    const float* xs = s.xs[at.stage];
+    const float sw = xs[64];
+    float sa[W / 4];
+#pragma unroll
+    for (int j = 0; j < W / 8; ++j) {
+      const float2 v = *reinterpret_cast<const float2*>(xs + 8 * j + 2 * q);
+      sa[2 * j] = v.x * sw;
+      sa[2 * j + 1] = v.y * sw;
+    }
+    free_stage(s, at);
+    promote_columns<W>(f, acc, sa);
+  };
+  const unsigned long long t0 = clock64();
+  Stage st;
+  if constexpr (!kPipelined) {
+    for (int b = 0; b < kblocks; b += kGroups) {
+#pragma unroll
+      for (int g = 0; g < kGroups; ++g) {
+        issue(acc0, st);
+        ptx::wgmma_wait_group<0>();
+        retire(fin[g], acc0, st);
+        st.advance();
+      }
+    }
+  } else {
+    for (int b = 0; b < kblocks; b += 2) {
+      Stage second = st;
+      second.advance();
+      issue(acc0, st);
+      issue(acc1, second);
+      ptx::wgmma_wait_group<1>();
+      retire(fin[0], acc0, st);
+      ptx::wgmma_wait_group<0>();
+      retire(fin[0], acc1, second);
+      st = second;
+      st.advance();
+    }
+  }
+  const unsigned long long t1 = clock64();
+  if (threadIdx.x % 128 == 0) cycles[blockIdx.x * 2 + consumer] = t1 - t0;
+  float keep = 0.0f;
+#pragma unroll
+  for (int g = 0; g < kGroups; ++g)
+#pragma unroll
+    for (int i = 0; i < W / 2; ++i) keep += fin[g][i];
+  if (kblocks < 0) sink[threadIdx.x] = keep;  // never: keeps the accumulators live
+}
+
 struct Row {
   const char* name;
   Variant v;
+  int width;  // tokens on N: the MMA's N (weights on M); 0: the forms above (tokens on M)
   void (*kernel)(int, unsigned long long*, float*);
   int threads;
 };
@@ -234,8 +336,14 @@ struct Row {
 template <int kConsumers, bool kRegA, bool kWide, bool kPromote, int kChunk>
 Row row(const char* name) {
   using C = Config<kConsumers, kRegA, kWide, kPromote, kChunk>;
-  return Row{name, Variant{kConsumers, kRegA, kWide, kPromote, kChunk},
+  return Row{name, Variant{kConsumers, kRegA, kWide, kPromote, kChunk}, 0,
              skeleton_kernel<kConsumers, kRegA, kWide, kPromote, kChunk>, C::kThreads};
+}
+
+template <int W, int kGroups, bool kPipelined>
+Row tokens_row(const char* name) {
+  return Row{name, Variant{2, false, false, true, kPipelined ? 2 : 0}, W,
+             skeleton_tokens_kernel<W, kGroups, kPipelined>, 384};
 }
 
 }  // namespace
@@ -254,6 +362,12 @@ std::string run_skeleton(const SkeletonOptions& opt, std::ostream& log) {
       row<3, false, false, true, 0>("A smem, 3 wg, n128, promote"),
       row<2, false, false, true, 2>("A smem, 2 wg, n128, promote, pipelined by 2"),
       row<2, false, false, true, 4>("A smem, 2 wg, n128, promote, pipelined by 4"),
+      tokens_row<48, 1, false>("tokens on N: n48, promote by column"),
+      tokens_row<64, 1, false>("tokens on N: n64, promote by column"),
+      tokens_row<80, 1, false>("tokens on N: n80, promote by column"),
+      tokens_row<80, 1, true>("tokens on N: n80, pipelined by 2"),
+      tokens_row<64, 4, false>("tokens on N: n64, 4 weight blocks per K block"),
+      tokens_row<80, 4, false>("tokens on N: n80, 4 weight blocks per K block"),
   };
   const size_t smem = sizeof(Smem) + 1024;
   unsigned long long* cycles = nullptr;
@@ -281,7 +395,8 @@ std::string run_skeleton(const SkeletonOptions& opt, std::ostream& log) {
     std::sort(per_block.begin(), per_block.end());
     std::sort(micros.begin(), micros.end());
     const double cyc = per_block[per_block.size() / 2];
-    const double mma_cycles = 64.0 * (r.v.wide ? 8 : 4) * r.v.consumers;  // per K block of every warpgroup
+    // Per K block of every warpgroup: an m64nNk32 takes N / 2 cycles (64 for n128).
+    const double mma_cycles = r.width ? 4.0 * (r.width / 2) * 2 : 64.0 * (r.v.wide ? 8 : 4) * r.v.consumers;
     std::snprintf(line, sizeof line, "  %-46s %12.0f %9.1f%% %10.1f\n", r.name, cyc, 100.0 * mma_cycles / cyc,
                   micros[micros.size() / 2]);
     table << line;

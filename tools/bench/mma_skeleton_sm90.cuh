@@ -8,11 +8,13 @@
 // memory), waits for them, frees the stage and (optionally) promotes the block accumulator into a
 // final one with two per-row scales read from shared memory. Variants: two or three consumer
 // warpgroups, an n256 tile, the next block's operands before the promotion, and two block
-// accumulators with the next block's MMAs issued before the wait (run_skeleton lists them).
+// accumulators with the next block's MMAs issued before the wait; and tokens on the MMA's N side
+// (weights on M, the resident-rows GEMM's orientation) at widths 48-80, promoted by column, with
+// one or four weight blocks per K block (run_skeleton lists them).
 // Operands are fixed tiles: the figure is the loop, not the data.
 //
 // Reported per variant: SM cycles per K block per warpgroup, and the tensor pipe's share, i.e. the
-// cycles of the MMAs alone (m64n128k32 at 4096 e4m3 multiply-adds per SM per cycle = 64 cycles)
+// cycles of the MMAs alone (m64nNk32 at 4096 e4m3 multiply-adds per SM per cycle = N/2 cycles)
 // over the cycles taken.
 #pragma once
 

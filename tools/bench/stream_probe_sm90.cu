@@ -37,7 +37,10 @@ enum class Source { boxes, bulk };
 enum class Prefetch { none, next_unit, this_unit, next_from_middle };
 // The order of a unit's K blocks: 0, 1, ...; or rotated, starting at block (unit mod 16) or at
 // (CTA mod 16), so that the CTAs streaming at one time read different columns of their rows.
-enum class Order { in_order, from_unit, from_cta };
+// k_outer4: units go in groups of four (an expert's 512 rows at N=512), each group K block by K
+// block with its four units' boxes in turn (the row-ring GEMM's order).
+enum class Order { in_order, from_unit, from_cta, k_outer4 };
+constexpr int kGroupUnits = 4;
 
 __device__ __forceinline__ void prefetch_unit(const uint8_t* weights, int unit) {
   if (unit >= kUnits) return;
@@ -62,8 +65,10 @@ __global__ void __launch_bounds__(kThreads)
     ptx::fence_mbar_init();
   }
   __syncthreads();
-  const int my_units = (kUnits - int(blockIdx.x) + int(gridDim.x) - 1) / int(gridDim.x);
-  const int steps = my_units * kBlocks;
+  constexpr int kWalkUnits = kOrder == Order::k_outer4 ? kUnits / kGroupUnits : kUnits;
+  constexpr int kStepsPerUnit = kOrder == Order::k_outer4 ? kBlocks * kGroupUnits : kBlocks;
+  const int my_units = (kWalkUnits - int(blockIdx.x) + int(gridDim.x) - 1) / int(gridDim.x);
+  const int steps = my_units * kStepsPerUnit;
   if (warp == 0 && lane == 0) {
     for (int i = 0; i < steps; i += kBatch) {
       // Every stage of the batch free before any of its loads: the pairs variant puts two K
@@ -74,9 +79,14 @@ __global__ void __launch_bounds__(kThreads)
       }
       for (int j = 0; j < kBatch && i + j < steps; ++j) {
         const int step = i + j, stage = step % kStages;
-        const int unit = int(blockIdx.x) + (step / kBlocks) * int(gridDim.x);
+        int unit = int(blockIdx.x) + (step / kStepsPerUnit) * int(gridDim.x);
         const int rot = kOrder == Order::from_unit ? unit : kOrder == Order::from_cta ? int(blockIdx.x) : 0;
-        const int kb = (step + rot) % kBlocks;
+        int kb = (step + rot) % kBlocks;
+        if constexpr (kOrder == Order::k_outer4) {
+          const int in_group = step % kStepsPerUnit;
+          unit = unit * kGroupUnits + in_group % kGroupUnits;
+          kb = in_group / kGroupUnits;
+        }
         if constexpr (kPrefetch == Prefetch::next_unit)
           if (kb == 0) prefetch_unit(weights, unit + int(gridDim.x));
         if constexpr (kPrefetch == Prefetch::this_unit)
@@ -164,6 +174,11 @@ std::string run_stream_probe(const StreamProbeOptions& opt, std::ostream& log) {
       variant<4, 1, Source::boxes>("boxes, 4 stages, L2 promotion 64 B", 1, TmaSwizzle::b128, TmaL2Promotion::b64),
       variant<4, 1, Source::boxes>("boxes, 4 stages, L2 promotion 128 B", 1, TmaSwizzle::b128, TmaL2Promotion::b128),
       variant<8, 1, Source::boxes>("boxes, 8 stages, L2 promotion 128 B", 1, TmaSwizzle::b128, TmaL2Promotion::b128),
+      variant<6, 1, Source::boxes>("boxes, 6 stages, L2 promotion 128 B", 1, TmaSwizzle::b128, TmaL2Promotion::b128),
+      variant<6, 1, Source::boxes, Prefetch::none, Order::k_outer4>(
+          "... K-outer over 4 units (row-ring GEMM order)", 1, TmaSwizzle::b128, TmaL2Promotion::b128),
+      variant<8, 1, Source::boxes, Prefetch::none, Order::k_outer4>(
+          "boxes, 8 stages, 128 B, K-outer over 4 units", 1, TmaSwizzle::b128, TmaL2Promotion::b128),
       variant<4, 1, Source::bulk>("1-D bulk copies of 16 KiB, 4 stages"),
       variant<8, 1, Source::bulk>("1-D bulk copies of 16 KiB, 8 stages"),
   };

@@ -30,11 +30,12 @@ usage:
   loom info [options]    show the device and the plan loom would use for a shape
   loom skeleton [--kblocks N] [--repeats R]   the FP8 GEMM's K-block loop with no global memory:
                          cycles per K block and tensor-pipe share of its variants (A from
-                         registers or shared memory, 2 or 3 consumer warpgroups, promotion)
+                         registers or shared memory, 2 or 3 consumer warpgroups, promotion; tokens
+                         on the MMA's N side at widths 48-80)
   loom gather-probe [--tiles N] [--repeats R]   gathering activation rows by token from L2 (cp.async
                          into shared memory, or loads into registers) at several shared-memory sizes
   loom stream-probe [--repeats R]   streaming the preset's expert weights from HBM by TMA into a
-                         shared-memory ring with nothing consuming them (ring depths, box shapes)
+                         shared-memory ring with nothing consuming them (ring depths, box shapes, orders)
   loom help              this text
 
 workload options (bench, info):
