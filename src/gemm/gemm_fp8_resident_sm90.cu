@@ -190,14 +190,8 @@ __device__ __forceinline__ void consume_unit(Smem& s, const Args& a, const UnitM
       ptx::wgmma_wait_group<0>();
 #pragma unroll
       for (int i = 0; i < W / 2; ++i) ptx::fence_operand(acc[i]);
-      const float* xs = scales + kb * a.capacity;
       float sa[W / 4];
-#pragma unroll
-      for (int j = 0; j < W / 8; ++j) {
-        const float2 v = *reinterpret_cast<const float2*>(xs + 8 * j + 2 * q);
-        sa[2 * j] = v.x * sw;
-        sa[2 * j + 1] = v.y * sw;
-      }
+      column_scales<W>(sa, scales + kb * a.capacity, sw, q);
       // Every lane's reads of the stage (and, after the last weight block, of the slot) are done.
       __syncwarp();
       if (lane == 0) {

@@ -30,4 +30,16 @@ __device__ __forceinline__ void promote_columns(float (&final_acc)[W / 2], const
   }
 }
 
+// The scales promote_columns takes for one K block: the block's activation scales by token column
+// (xs[c], thread quad lane q's columns 8j + 2q and 8j + 2q + 1) times the weight block's scale.
+template <int W>
+__device__ __forceinline__ void column_scales(float (&scale)[W / 4], const float* xs, float weight_scale, int q) {
+#pragma unroll
+  for (int j = 0; j < W / 8; ++j) {
+    const float2 v = *reinterpret_cast<const float2*>(xs + 8 * j + 2 * q);
+    scale[2 * j] = v.x * weight_scale;
+    scale[2 * j + 1] = v.y * weight_scale;
+  }
+}
+
 }  // namespace loom

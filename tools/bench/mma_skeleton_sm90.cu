@@ -278,14 +278,8 @@ __global__ void __launch_bounds__(384, 1)
 #pragma unroll
     for (int i = 0; i < W / 2; ++i) ptx::fence_operand(acc[i]);
     const float* xs = s.xs[at.stage];
-    const float sw = xs[64];
     float sa[W / 4];
-#pragma unroll
-    for (int j = 0; j < W / 8; ++j) {
-      const float2 v = *reinterpret_cast<const float2*>(xs + 8 * j + 2 * q);
-      sa[2 * j] = v.x * sw;
-      sa[2 * j + 1] = v.y * sw;
-    }
+    column_scales<W>(sa, xs, xs[64], q);
     free_stage(s, at);
     promote_columns<W>(f, acc, sa);
   };
