@@ -243,7 +243,7 @@ template <int W, int kGroups, bool kPipelined>
 __global__ void __launch_bounds__(384, 1)
     skeleton_tokens_kernel(int kblocks, unsigned long long* cycles, float* sink) {
   static_assert(!kPipelined || kGroups == 1, "pipelined form: one weight block per K block");
-  static_assert(W % 16 == 0 && W * kBlockK <= kTileBytes, "the token tile fits one A buffer");
+  static_assert(W % 16 == 0 && W * kBlockK <= kTileBytes, "the token tile fits one fixed operand tile (s.a)");
   constexpr uint32_t kProducerRegs = 40, kConsumerRegs = 232;
   using Mma = ptx::WgmmaE4M3<W>;
   extern __shared__ uint8_t smem_raw[];

@@ -13,7 +13,8 @@
 // one or four weight blocks per K block (run_skeleton lists them).
 // Operands are fixed tiles: the figure is the loop, not the data.
 //
-// Reported per variant: SM cycles per K block per warpgroup, and the tensor pipe's share, i.e. the
+// Reported per variant: SM cycles per K block per warpgroup (tokens on N: per weight tile, one
+// weight block's K block), and the tensor pipe's share, i.e. the
 // cycles of the MMAs alone (m64nNk32 at 4096 e4m3 multiply-adds per SM per cycle = N/2 cycles)
 // over the cycles taken.
 #pragma once
