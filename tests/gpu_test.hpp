@@ -7,6 +7,8 @@
 
 #include <string>
 
+#include "common/cuda_check.hpp"
+
 namespace loom::test {
 
 // Empty when a Hopper (sm_90) device is usable, else why not.
@@ -45,6 +47,25 @@ class Stream {
  private:
   cudaStream_t s_ = nullptr;
 };
+
+// Mean time of one launch over `iters` back-to-back launches on `stream` (after `warmup` untimed
+// ones), in microseconds: an informational figure for the test log, never a pass criterion.
+template <class Launch>
+double mean_launch_us(const Stream& stream, Launch&& launch, int warmup = 20, int iters = 200) {
+  cudaEvent_t e0, e1;
+  LOOM_CUDA_CHECK(cudaEventCreate(&e0));
+  LOOM_CUDA_CHECK(cudaEventCreate(&e1));
+  for (int i = 0; i < warmup; ++i) launch();
+  LOOM_CUDA_CHECK(cudaEventRecord(e0, stream.get()));
+  for (int i = 0; i < iters; ++i) launch();
+  LOOM_CUDA_CHECK(cudaEventRecord(e1, stream.get()));
+  LOOM_CUDA_CHECK(cudaStreamSynchronize(stream.get()));
+  float ms = 0;
+  LOOM_CUDA_CHECK(cudaEventElapsedTime(&ms, e0, e1));
+  cudaEventDestroy(e0);
+  cudaEventDestroy(e1);
+  return 1e3 * double(ms) / iters;
+}
 
 }  // namespace loom::test
 

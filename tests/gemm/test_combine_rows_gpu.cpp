@@ -223,21 +223,9 @@ TEST(CombineRowsGpu, TimingAtDecodeShape) {
     p.cols = N;
     p.out = d_out.as<float>();
     Stream stream;
-    cudaEvent_t e0, e1;
-    LOOM_CUDA_CHECK(cudaEventCreate(&e0));
-    LOOM_CUDA_CHECK(cudaEventCreate(&e1));
-    for (int i = 0; i < 20; ++i) launch_combine_rows(p, stream.get(), true);
-    const int iters = 200;
-    LOOM_CUDA_CHECK(cudaEventRecord(e0, stream.get()));
-    for (int i = 0; i < iters; ++i) launch_combine_rows(p, stream.get(), true);
-    LOOM_CUDA_CHECK(cudaEventRecord(e1, stream.get()));
+    const double us = mean_launch_us(stream, [&] { launch_combine_rows(p, stream.get(), true); });
     stream.sync();
-    float ms = 0;
-    LOOM_CUDA_CHECK(cudaEventElapsedTime(&ms, e0, e1));
-    cudaEventDestroy(e0);
-    cudaEventDestroy(e1);
-    std::cout << "[ combine_rows ] T=128 k=8 N=" << N << ": " << 1e3 * ms / iters
-              << " us per launch (back to back, PDL, warm L2)\n";
+    std::cout << "[ combine_rows ] T=128 k=8 N=" << N << ": " << us << " us per launch (back to back, PDL, warm L2)\n";
   }
 }
 

@@ -299,20 +299,9 @@ TEST(QuantGatherGpu, TimingAtDecodeShape) {
     p.zero_out = d_zero.as<float>();
     p.zero_cols = c.zero_cols;
     Stream stream;
-    cudaEvent_t e0, e1;
-    LOOM_CUDA_CHECK(cudaEventCreate(&e0));
-    LOOM_CUDA_CHECK(cudaEventCreate(&e1));
-    for (int i = 0; i < 20; ++i) launch_quant_gather(p, stream.get(), true);
-    const int iters = 200;
-    LOOM_CUDA_CHECK(cudaEventRecord(e0, stream.get()));
-    for (int i = 0; i < iters; ++i) launch_quant_gather(p, stream.get(), true);
-    LOOM_CUDA_CHECK(cudaEventRecord(e1, stream.get()));
+    const double us = mean_launch_us(stream, [&] { launch_quant_gather(p, stream.get(), true); });
     stream.sync();
-    float ms = 0;
-    LOOM_CUDA_CHECK(cudaEventElapsedTime(&ms, e0, e1));
-    cudaEventDestroy(e0);
-    cudaEventDestroy(e1);
-    std::cout << "[ quant_gather ] T=128 H=" << H << " k=8 (+ clear 128x2048 fp32): " << 1e3 * ms / iters
+    std::cout << "[ quant_gather ] T=128 H=" << H << " k=8 (+ clear 128x2048 fp32): " << us
               << " us per launch (back to back, PDL, warm L2)\n";
   }
 }
