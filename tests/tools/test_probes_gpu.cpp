@@ -66,11 +66,13 @@ TEST(ProbesGpu, GatherProbeMovesItsBytesAtAPlausibleRate) {
   opt.repeats = 1;
   const std::string table = run_gather_probe(opt, log);
   const auto rows = table_numbers(table, 2);  // us, TB/s
-  ASSERT_EQ(rows.size(), 8u) << table;
-  for (const auto& r : rows) {
+  ASSERT_EQ(rows.size(), 10u) << table;
+  for (size_t i = 0; i < rows.size(); ++i) {
+    const auto& r = rows[i];
     EXPECT_GT(r[0], 0.0) << table;
-    // From L2 and HBM: well below 20 TB/s, and not a kernel that stalled.
-    EXPECT_GT(r[1], 0.5) << table;
+    // From L2 and HBM: well below 20 TB/s, and not a kernel that stalled. The last two rows (one
+    // TMA box per 128-byte row) ran at 0.60 TB/s on the H200: the TMA unit's rate for tiny boxes.
+    EXPECT_GT(r[1], i >= 8 ? 0.1 : 0.5) << table;
     EXPECT_LT(r[1], 20.0) << table;
   }
 }

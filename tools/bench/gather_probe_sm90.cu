@@ -11,7 +11,10 @@
 #include "common/cuda_check.hpp"
 #include "common/device_info.hpp"
 #include "common/rng.hpp"
+#include "common/tensor_map.hpp"
 #include "ptx/cp_async.cuh"
+#include "ptx/mbarrier.cuh"
+#include "ptx/tma.cuh"
 
 namespace loom::bench {
 namespace {
@@ -39,15 +42,59 @@ struct TileRows {
   }
 };
 
-template <bool kCpAsync>
+enum class Mode { cp_async, registers, tma_rows };
+
+template <Mode kMode>
 __global__ void __launch_bounds__(kThreads, 1)
-    gather_kernel(const uint8_t* codes, const int32_t* rows, int tiles_per_cta, uint4* sink) {
-  extern __shared__ __align__(16) uint8_t ring[];
+    gather_kernel(const __grid_constant__ CUtensorMap rows_map, const uint8_t* codes, const int32_t* rows,
+                  int tiles_per_cta, uint4* sink) {
+  extern __shared__ __align__(1024) uint8_t ring[];
   uint4 keep = make_uint4(0u, 0u, 0u, 0u);
   const int tile0 = int(blockIdx.x) * tiles_per_cta;
   TileRows cur, next;
   next.load(rows, tile0);
-  if constexpr (kCpAsync) {
+  if constexpr (kMode == Mode::tma_rows) {
+    // One TMA box per row and block ({128 bytes, 1 row}, 128-byte swizzle), issued by warp 0's
+    // lanes (rows lane + 32 i); every thread waits for the block, reads it, and the slot is
+    // refilled kSlots - 1 blocks later, after a CTA barrier.
+    uint64_t* full = reinterpret_cast<uint64_t*>(ring + kRingBytes);
+    if (threadIdx.x == 0) {
+      for (int i = 0; i < kSlots; ++i) ptx::mbar_init(&full[i], 1);
+      ptx::fence_mbar_init();
+    }
+    __syncthreads();
+    const int lane = int(threadIdx.x) % 32, steps = tiles_per_cta * kBlocks;
+    int32_t tok[kPieces], tok_next[kPieces];
+    auto row_tokens = [&](int32_t(&t)[kPieces], int tile) {
+#pragma unroll
+      for (int i = 0; i < kPieces; ++i) t[i] = __ldg(rows + tile * kTileRows + lane + 32 * i);
+    };
+    auto issue = [&](int step) {
+      const int t = step / kBlocks, kb = step % kBlocks, slot = step % kSlots;
+      if (kb == 0) {
+#pragma unroll
+        for (int i = 0; i < kPieces; ++i) tok[i] = tok_next[i];
+        if (t + 1 < tiles_per_cta) row_tokens(tok_next, tile0 + t + 1);
+      }
+      if (lane == 0) ptx::mbar_arrive_expect_tx(&full[slot], uint32_t(kTileRows * kBlockK));
+      __syncwarp();
+#pragma unroll
+      for (int i = 0; i < kPieces; ++i)
+        ptx::tma_load_2d(ring + slot * kTileRows * kBlockK + (lane + 32 * i) * kBlockK, &rows_map, kb * kBlockK,
+                         tok[i], &full[slot]);
+    };
+    if (threadIdx.x < 32) {
+      row_tokens(tok_next, tile0);
+      for (int step = 0; step < kSlots - 1 && step < steps; ++step) issue(step);
+    }
+    for (int step = 0; step < steps; ++step) {
+      ptx::mbar_wait(&full[step % kSlots], uint32_t(step / kSlots) & 1u);
+      const uint4 v = reinterpret_cast<const uint4*>(ring + (step % kSlots) * kTileRows * kBlockK)[threadIdx.x];
+      keep.x ^= v.x;
+      __syncthreads();  // every read of the slot refilled next is done
+      if (threadIdx.x < 32 && step + kSlots - 1 < steps) issue(step + kSlots - 1);
+    }
+  } else if constexpr (kMode == Mode::cp_async) {
     int slot = 0;
     for (int t = 0; t < tiles_per_cta; ++t) {
       cur = next;
@@ -123,25 +170,33 @@ std::string run_gather_probe(const GatherProbeOptions& opt, std::ostream& log) {
   table << line;
   struct Variant {
     const char* name;
-    bool cp_async;
+    Mode mode;
     int footprint_kib;
     int carveout;  // cudaFuncAttributePreferredSharedMemoryCarveout (% of the most shared memory); -1: default
   };
   const char* const kCopy = "cp.async into a 4-slot ring";
   const char* const kLoad = "16-byte loads into a 3-block register ring";
-  const Variant variants[] = {{kCopy, true, 72, 0},   {kCopy, true, 72, 100},   {kCopy, true, 144, -1},
-                              {kCopy, true, 200, -1}, {kLoad, false, 72, 0},    {kLoad, false, 72, 100},
-                              {kLoad, false, 144, -1}, {kLoad, false, 200, -1}};
+  const char* const kTma = "TMA row boxes into a 4-slot ring";
+  const Variant variants[] = {{kCopy, Mode::cp_async, 72, 0},     {kCopy, Mode::cp_async, 72, 100},
+                              {kCopy, Mode::cp_async, 144, -1},   {kCopy, Mode::cp_async, 200, -1},
+                              {kLoad, Mode::registers, 72, 0},    {kLoad, Mode::registers, 72, 100},
+                              {kLoad, Mode::registers, 144, -1},  {kLoad, Mode::registers, 200, -1},
+                              {kTma, Mode::tma_rows, 72, -1},     {kTma, Mode::tma_rows, 144, -1}};
+  // The code matrix in boxes of one row's 128-byte block (the TMA variant).
+  const CUtensorMap rows_map = make_tensor_map_2d(codes, CU_TENSOR_MAP_DATA_TYPE_UINT8, 1, kTokens, kK, kK, 1,
+                                                  kBlockK, TmaSwizzle::b128, TmaL2Promotion::b128);
   for (const Variant& v : variants) {
     log << "gather-probe: " << v.name << ", " << v.footprint_kib << " KiB\n";
-    const size_t smem = std::max<size_t>(size_t(v.footprint_kib) * 1024, kRingBytes);
-    auto kernel = v.cp_async ? gather_kernel<true> : gather_kernel<false>;
+    const size_t smem = std::max<size_t>(size_t(v.footprint_kib) * 1024, kRingBytes + 1024);
+    auto kernel = v.mode == Mode::cp_async    ? gather_kernel<Mode::cp_async>
+                  : v.mode == Mode::registers ? gather_kernel<Mode::registers>
+                                              : gather_kernel<Mode::tma_rows>;
     LOOM_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
     LOOM_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout, v.carveout));
     std::vector<double> micros;
     for (int i = 0; i < opt.repeats + 1; ++i) {  // the first launch warms L2 and is not counted
       const double us =
-          time_launch_us([&] { kernel<<<dev.sm_count, kThreads, smem>>>(codes, d_rows, opt.tiles_per_cta, sink); });
+          time_launch_us([&] { kernel<<<dev.sm_count, kThreads, smem>>>(rows_map, codes, d_rows, opt.tiles_per_cta, sink); });
       if (i > 0) micros.push_back(us);
     }
     std::sort(micros.begin(), micros.end());

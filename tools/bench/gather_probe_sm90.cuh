@@ -8,7 +8,10 @@
 //   - by cp.async (16 bytes per thread and copy) into a 4-slot ring of 16 KiB tiles in shared
 //     memory, three blocks in flight; or
 //   - by 16-byte loads into a 3-block register ring (gemm_fp8_regs' way), each block consumed
-//     when the ring wraps.
+//     when the ring wraps; or
+//   - by TMA, one {128-byte, 1-row} box per row and block (128-byte swizzle), issued by one warp's
+//     lanes into a 4-slot ring: the gather a tokens-on-N GEMM would use without the cp.async
+//     copies' per-thread issue cost.
 // The kernel reserves 72, 144 or 200 KiB of dynamic shared memory (the ring inside it), and at 72
 // KiB asks for the smallest and the largest shared-memory carve-out (so the L1 beside it is ~156
 // or ~28 KiB). Reported: bytes gathered per second over the whole device.
