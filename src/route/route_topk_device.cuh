@@ -29,16 +29,29 @@ __device__ __forceinline__ uint32_t rank_key(float v) {
   return kSelect && isnan(v) ? kNanKey : key;
 }
 
-__device__ __forceinline__ float warp_max(float v) {
-#pragma unroll
-  for (int off = 16; off > 0; off >>= 1) v = fmaxf(v, __shfl_xor_sync(kFullMask, v, off));
-  return v;
+// The warp's largest value, for lane values that are never NaN: one redux.sync over their
+// order-preserving keys instead of a five-step shuffle butterfly (it ranks +0 above -0, where
+// fmaxf may return either; exp(c - m) is the same for m = +0 and m = -0).
+__device__ __forceinline__ float warp_max_not_nan(float v) {
+  const uint32_t u = __float_as_uint(v);
+  const uint32_t top = __reduce_max_sync(kFullMask, (u & 0x80000000u) ? ~u : (u | 0x80000000u));
+  return __uint_as_float((top & 0x80000000u) ? (top & 0x7fffffffu) : ~top);
 }
 
 template <class T>
 __device__ __forceinline__ T warp_sum(T v) {
 #pragma unroll
   for (int off = 16; off > 0; off >>= 1) v += __shfl_xor_sync(kFullMask, v, off);
+  return v;
+}
+
+// warp_sum where only lanes [0, n) hold values (the others +0 or 0): the butterfly's steps over
+// lanes n and up add exact zeros, so lanes [0, n) get the same bits in fewer steps (n <= 32).
+template <class T>
+__device__ __forceinline__ T warp_sum_first(T v, int n) {
+#pragma unroll
+  for (int off = 16; off > 0; off >>= 1)
+    if (off < n) v += __shfl_xor_sync(kFullMask, v, off);  // warp-uniform
   return v;
 }
 
@@ -77,7 +90,11 @@ __device__ __forceinline__ uint32_t take_best(uint32_t (&key)[V], const float (&
     }
   }
   const uint32_t top = __reduce_max_sync(kFullMask, best_key);
-  const int win_lane = __ffs(__ballot_sync(kFullMask, best_key == top)) - 1;
+  const unsigned tied = __ballot_sync(kFullMask, best_key == top);
+  // The lowest tied lane wins. The next round waits only on this test; find-first-set, for the
+  // winner's shuffles below, stays off that path.
+  const bool won = best_key == top && (tied & ((1u << lane) - 1u)) == 0u;
+  const int win_lane = __ffs(tied) - 1;
   float best_val = val[0];
 #pragma unroll
   for (int s = 1; s < V; ++s) best_val = best_slot == s ? val[s] : best_val;
@@ -87,7 +104,7 @@ __device__ __forceinline__ uint32_t take_best(uint32_t (&key)[V], const float (&
   const uint32_t win = __shfl_sync(kFullMask, best_id, win_lane);
 #pragma unroll
   for (int s = 0; s < V; ++s)
-    if (lane == win_lane && s == best_slot) key[s] = kNotCandidate;
+    if (won && s == best_slot) key[s] = kNotCandidate;
   return win;
 }
 
@@ -136,12 +153,14 @@ struct WarpRanker {
       stale = false;
     }
     const uint32_t top = __reduce_max_sync(kFullMask, key1);
-    const int win_lane = __ffs(__ballot_sync(kFullMask, key1 == top)) - 1;
+    const unsigned tied = __ballot_sync(kFullMask, key1 == top);
+    const bool won = key1 == top && (tied & ((1u << lane) - 1u)) == 0u;  // as in take_best
+    const int win_lane = __ffs(tied) - 1;
     const uint32_t slot1 = slots & 0xffu;
     const uint32_t my_id = key1 != kNotCandidate ? uint32_t(expert_of<V>(int(slot1), lane)) : kNoId;
     win_val = __shfl_sync(kFullMask, key1 != kNotCandidate ? val1 : NAN, win_lane);
     const uint32_t win = __shfl_sync(kFullMask, my_id, win_lane);
-    if (top != kNotCandidate && lane == win_lane) {  // nothing left anywhere: nothing removed
+    if (top != kNotCandidate && won) {  // nothing left anywhere: nothing removed
       stale = !(slots & kRunnerUpKnown);  // its next best is the runner-up only if that was known
       taken |= 1u << slot1;
       key1 = key2, val1 = val2, slots >>= 8;
@@ -327,7 +346,7 @@ __device__ __forceinline__ bool route_one_token(const RouteTopkParams& p, int64_
       key[s] = valid ? rank_key<true>(x[s]) : kNotCandidate;
       cmax = valid ? fmaxf(cmax, c[s]) : cmax;  // fmaxf skips NaN
     }
-    cmax = warp_max(cmax);
+    cmax = warp_max_not_nan(cmax);  // fmaxf above skipped every NaN
     if (token == 0 && lane == 0) LOOM_TRACE(kRankMax);
 
     // Unnormalised probability of a (valid) expert: exp(c - max) for a finite max; for a +inf max
@@ -352,7 +371,7 @@ __device__ __forceinline__ bool route_one_token(const RouteTopkParams& p, int64_
     const float mine = lane < topk ? mass(my_c) : 0.0f;
     // Renormalised: e / sum over the k chosen e (the full denominator cancels); a zero sum means
     // every weight is 0 and stays 0.
-    const float chosen = warp_sum(lane < topk ? mine : 0.0f);
+    const float chosen = warp_sum_first(mine, topk);  // mine is +0 on lanes >= topk
     const float divisor = p.routing.renormalize ? chosen : denominator;
     weight = divisor > 0.0f ? mine / divisor : 0.0f;
     weight *= p.routing.scale;
