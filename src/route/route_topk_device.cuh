@@ -80,15 +80,19 @@ __device__ __forceinline__ int expert_of(int slot, int lane) {
 // round's critical path; the id and value are shuffled off it.
 template <int V>
 __device__ __forceinline__ uint32_t take_best(uint32_t (&key)[V], const float (&val)[V], int lane, float& win_val) {
-  uint32_t best_key = kNotCandidate;
-  int best_slot = 0;
+  // The lane's best key by a tree (depth log2 V: it is on the round's path), then its lowest slot
+  // holding that key (the lower id keeps a tie), found while the reduction runs.
+  uint32_t tree[V];
 #pragma unroll
-  for (int s = 0; s < V; ++s) {
-    if (key[s] > best_key) {  // strict: the lower slot (lower id) keeps a tie
-      best_key = key[s];
-      best_slot = s;
-    }
-  }
+  for (int s = 0; s < V; ++s) tree[s] = key[s];
+#pragma unroll
+  for (int w = V / 2; w > 0; w /= 2)
+#pragma unroll
+    for (int s = 0; s < w; ++s) tree[s] = max(tree[s], tree[s + w]);
+  const uint32_t best_key = tree[0];  // kNotCandidate (0) when the lane has none left
+  int best_slot = V - 1;
+#pragma unroll
+  for (int s = V - 2; s >= 0; --s) best_slot = key[s] == best_key ? s : best_slot;
   const uint32_t top = __reduce_max_sync(kFullMask, best_key);
   const unsigned tied = __ballot_sync(kFullMask, best_key == top);
   // The lowest tied lane wins. The next round waits only on this test; find-first-set, for the
@@ -339,14 +343,19 @@ __device__ __forceinline__ bool route_one_token(const RouteTopkParams& p, int64_
 #pragma unroll
       for (int s = 0; s < V; ++s) c[s] = x[s];
     }
-    float cmax = -INFINITY;
+    float tree[V];  // the lane's max by a tree, as in take_best
 #pragma unroll
     for (int s = 0; s < V; ++s) {
       const bool valid = expert_of<V>(s, lane) < experts;
       key[s] = valid ? rank_key<true>(x[s]) : kNotCandidate;
-      cmax = valid ? fmaxf(cmax, c[s]) : cmax;  // fmaxf skips NaN
+      tree[s] = valid ? c[s] : -INFINITY;
     }
-    cmax = warp_max_not_nan(cmax);  // fmaxf above skipped every NaN
+#pragma unroll
+    for (int w = V / 2; w > 0; w /= 2)
+#pragma unroll
+      for (int s = 0; s < w; ++s) tree[s] = fmaxf(tree[s], tree[s + w]);  // skips a NaN, unless both are
+    // -inf, not NaN, when every slot is NaN or past E: the warp max takes no NaN.
+    const float cmax = warp_max_not_nan(fmaxf(tree[0], -INFINITY));
     if (token == 0 && lane == 0) LOOM_TRACE(kRankMax);
 
     // Unnormalised probability of a (valid) expert: exp(c - max) for a finite max; for a +inf max
