@@ -29,6 +29,12 @@ __device__ __forceinline__ uint32_t rank_key(float v) {
   return kSelect && isnan(v) ? kNanKey : key;
 }
 
+__device__ __forceinline__ float warp_max(float v) {
+#pragma unroll
+  for (int off = 16; off > 0; off >>= 1) v = fmaxf(v, __shfl_xor_sync(kFullMask, v, off));
+  return v;
+}
+
 // The warp's largest value, for lane values that are never NaN: one redux.sync over their
 // order-preserving keys instead of a five-step shuffle butterfly (it ranks +0 above -0, where
 // fmaxf may return either; exp(c - m) is the same for m = +0 and m = -0).
@@ -157,14 +163,12 @@ struct WarpRanker {
       stale = false;
     }
     const uint32_t top = __reduce_max_sync(kFullMask, key1);
-    const unsigned tied = __ballot_sync(kFullMask, key1 == top);
-    const bool won = key1 == top && (tied & ((1u << lane) - 1u)) == 0u;  // as in take_best
-    const int win_lane = __ffs(tied) - 1;
+    const int win_lane = __ffs(__ballot_sync(kFullMask, key1 == top)) - 1;
     const uint32_t slot1 = slots & 0xffu;
     const uint32_t my_id = key1 != kNotCandidate ? uint32_t(expert_of<V>(int(slot1), lane)) : kNoId;
     win_val = __shfl_sync(kFullMask, key1 != kNotCandidate ? val1 : NAN, win_lane);
     const uint32_t win = __shfl_sync(kFullMask, my_id, win_lane);
-    if (top != kNotCandidate && won) {  // nothing left anywhere: nothing removed
+    if (top != kNotCandidate && lane == win_lane) {  // nothing left anywhere: nothing removed
       stale = !(slots & kRunnerUpKnown);  // its next best is the runner-up only if that was known
       taken |= 1u << slot1;
       key1 = key2, val1 = val2, slots >>= 8;
@@ -343,19 +347,27 @@ __device__ __forceinline__ bool route_one_token(const RouteTopkParams& p, int64_
 #pragma unroll
       for (int s = 0; s < V; ++s) c[s] = x[s];
     }
-    float tree[V];  // the lane's max by a tree, as in take_best
+    float cmax = -INFINITY;
+    float tree[V];  // latency: the valid slots' capped logits
 #pragma unroll
     for (int s = 0; s < V; ++s) {
       const bool valid = expert_of<V>(s, lane) < experts;
       key[s] = valid ? rank_key<true>(x[s]) : kNotCandidate;
-      tree[s] = valid ? c[s] : -INFINITY;
+      if constexpr (kTwoBest)
+        cmax = valid ? fmaxf(cmax, c[s]) : cmax;  // fmaxf skips NaN
+      else
+        tree[s] = valid ? c[s] : -INFINITY;
     }
+    if constexpr (kTwoBest) {  // throughput: the fewest instructions
+      cmax = warp_max(cmax);
+    } else {  // latency: a tree (depth log2 V), then one reduction
 #pragma unroll
-    for (int w = V / 2; w > 0; w /= 2)
+      for (int w = V / 2; w > 0; w /= 2)
 #pragma unroll
-      for (int s = 0; s < w; ++s) tree[s] = fmaxf(tree[s], tree[s + w]);  // skips a NaN, unless both are
-    // -inf, not NaN, when every slot is NaN or past E: the warp max takes no NaN.
-    const float cmax = warp_max_not_nan(fmaxf(tree[0], -INFINITY));
+        for (int s = 0; s < w; ++s) tree[s] = fmaxf(tree[s], tree[s + w]);  // skips a NaN, unless both are
+      // -inf, not NaN, when every slot is NaN or past E: the warp max takes no NaN.
+      cmax = warp_max_not_nan(fmaxf(tree[0], -INFINITY));
+    }
     if (token == 0 && lane == 0) LOOM_TRACE(kRankMax);
 
     // Unnormalised probability of a (valid) expert: exp(c - max) for a finite max; for a +inf max
@@ -380,7 +392,8 @@ __device__ __forceinline__ bool route_one_token(const RouteTopkParams& p, int64_
     const float mine = lane < topk ? mass(my_c) : 0.0f;
     // Renormalised: e / sum over the k chosen e (the full denominator cancels); a zero sum means
     // every weight is 0 and stays 0.
-    const float chosen = warp_sum_first(mine, topk);  // mine is +0 on lanes >= topk
+    // mine is +0 on lanes >= topk: latency takes fewer butterfly steps for the same bits.
+    const float chosen = kTwoBest ? warp_sum(mine) : warp_sum_first(mine, topk);
     const float divisor = p.routing.renormalize ? chosen : denominator;
     weight = divisor > 0.0f ? mine / divisor : 0.0f;
     weight *= p.routing.scale;
