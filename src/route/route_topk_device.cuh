@@ -35,10 +35,29 @@ __device__ __forceinline__ float warp_max(float v) {
   return v;
 }
 
+// The warp's largest value, for lane values that are never NaN: one redux.sync over their
+// order-preserving keys instead of a five-step shuffle butterfly (it ranks +0 above -0, where
+// fmaxf may return either; exp(c - m) is the same for m = +0 and m = -0).
+__device__ __forceinline__ float warp_max_not_nan(float v) {
+  const uint32_t u = __float_as_uint(v);
+  const uint32_t top = __reduce_max_sync(kFullMask, (u & 0x80000000u) ? ~u : (u | 0x80000000u));
+  return __uint_as_float((top & 0x80000000u) ? (top & 0x7fffffffu) : ~top);
+}
+
 template <class T>
 __device__ __forceinline__ T warp_sum(T v) {
 #pragma unroll
   for (int off = 16; off > 0; off >>= 1) v += __shfl_xor_sync(kFullMask, v, off);
+  return v;
+}
+
+// warp_sum where only lanes [0, n) hold values (the others +0 or 0): the butterfly's steps over
+// lanes n and up add exact zeros, so lanes [0, n) get the same bits in fewer steps (n <= 32).
+template <class T>
+__device__ __forceinline__ T warp_sum_first(T v, int n) {
+#pragma unroll
+  for (int off = 16; off > 0; off >>= 1)
+    if (off < n) v += __shfl_xor_sync(kFullMask, v, off);  // warp-uniform
   return v;
 }
 
@@ -67,17 +86,25 @@ __device__ __forceinline__ int expert_of(int slot, int lane) {
 // round's critical path; the id and value are shuffled off it.
 template <int V>
 __device__ __forceinline__ uint32_t take_best(uint32_t (&key)[V], const float (&val)[V], int lane, float& win_val) {
-  uint32_t best_key = kNotCandidate;
-  int best_slot = 0;
+  // The lane's best key by a tree (depth log2 V: it is on the round's path), then its lowest slot
+  // holding that key (the lower id keeps a tie), found while the reduction runs.
+  uint32_t tree[V];
 #pragma unroll
-  for (int s = 0; s < V; ++s) {
-    if (key[s] > best_key) {  // strict: the lower slot (lower id) keeps a tie
-      best_key = key[s];
-      best_slot = s;
-    }
-  }
+  for (int s = 0; s < V; ++s) tree[s] = key[s];
+#pragma unroll
+  for (int w = V / 2; w > 0; w /= 2)
+#pragma unroll
+    for (int s = 0; s < w; ++s) tree[s] = max(tree[s], tree[s + w]);
+  const uint32_t best_key = tree[0];  // kNotCandidate (0) when the lane has none left
+  int best_slot = V - 1;
+#pragma unroll
+  for (int s = V - 2; s >= 0; --s) best_slot = key[s] == best_key ? s : best_slot;
   const uint32_t top = __reduce_max_sync(kFullMask, best_key);
-  const int win_lane = __ffs(__ballot_sync(kFullMask, best_key == top)) - 1;
+  const unsigned tied = __ballot_sync(kFullMask, best_key == top);
+  // The lowest tied lane wins. The next round waits only on this test; find-first-set, for the
+  // winner's shuffles below, stays off that path.
+  const bool won = best_key == top && (tied & ((1u << lane) - 1u)) == 0u;
+  const int win_lane = __ffs(tied) - 1;
   float best_val = val[0];
 #pragma unroll
   for (int s = 1; s < V; ++s) best_val = best_slot == s ? val[s] : best_val;
@@ -87,7 +114,7 @@ __device__ __forceinline__ uint32_t take_best(uint32_t (&key)[V], const float (&
   const uint32_t win = __shfl_sync(kFullMask, best_id, win_lane);
 #pragma unroll
   for (int s = 0; s < V; ++s)
-    if (lane == win_lane && s == best_slot) key[s] = kNotCandidate;
+    if (won && s == best_slot) key[s] = kNotCandidate;
   return win;
 }
 
@@ -321,13 +348,26 @@ __device__ __forceinline__ bool route_one_token(const RouteTopkParams& p, int64_
       for (int s = 0; s < V; ++s) c[s] = x[s];
     }
     float cmax = -INFINITY;
+    float tree[V];  // latency: the valid slots' capped logits
 #pragma unroll
     for (int s = 0; s < V; ++s) {
       const bool valid = expert_of<V>(s, lane) < experts;
       key[s] = valid ? rank_key<true>(x[s]) : kNotCandidate;
-      cmax = valid ? fmaxf(cmax, c[s]) : cmax;  // fmaxf skips NaN
+      if constexpr (kTwoBest)
+        cmax = valid ? fmaxf(cmax, c[s]) : cmax;  // fmaxf skips NaN
+      else
+        tree[s] = valid ? c[s] : -INFINITY;
     }
-    cmax = warp_max(cmax);
+    if constexpr (kTwoBest) {  // throughput: the fewest instructions
+      cmax = warp_max(cmax);
+    } else {  // latency: a tree (depth log2 V), then one reduction
+#pragma unroll
+      for (int w = V / 2; w > 0; w /= 2)
+#pragma unroll
+        for (int s = 0; s < w; ++s) tree[s] = fmaxf(tree[s], tree[s + w]);  // skips a NaN, unless both are
+      // -inf, not NaN, when every slot is NaN or past E: the warp max takes no NaN.
+      cmax = warp_max_not_nan(fmaxf(tree[0], -INFINITY));
+    }
     if (token == 0 && lane == 0) LOOM_TRACE(kRankMax);
 
     // Unnormalised probability of a (valid) expert: exp(c - max) for a finite max; for a +inf max
@@ -352,7 +392,8 @@ __device__ __forceinline__ bool route_one_token(const RouteTopkParams& p, int64_
     const float mine = lane < topk ? mass(my_c) : 0.0f;
     // Renormalised: e / sum over the k chosen e (the full denominator cancels); a zero sum means
     // every weight is 0 and stays 0.
-    const float chosen = warp_sum(lane < topk ? mine : 0.0f);
+    // mine is +0 on lanes >= topk: latency takes fewer butterfly steps for the same bits.
+    const float chosen = kTwoBest ? warp_sum(mine) : warp_sum_first(mine, topk);
     const float divisor = p.routing.renormalize ? chosen : denominator;
     weight = divisor > 0.0f ? mine / divisor : 0.0f;
     weight *= p.routing.scale;
