@@ -6,7 +6,7 @@
 #   CHECK_BENCH extra `loom bench` runs, ';'-separated argument lists (default: the presets)
 #   GTEST_FILTER which tests to run (default all)
 #   SKIP_PEAKS  set: skip `loom peaks`
-#   SKIP_SKELETON set: skip `loom skeleton`, `loom gather-probe` and `loom stream-probe` (~10 s)
+#   SKIP_SKELETON set: skip `loom skeleton`, `loom gather-probe`, `loom stream-probe` and `loom warp-probe` (~10 s)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 build=${BUILD_DIR:-build}
@@ -63,6 +63,8 @@ if [ -z "${SKIP_SKELETON:-}" ]; then
   note "gather-probe: rc=$?"
   "$loom" stream-probe > "$out/logs/stream-probe.txt" 2> "$out/logs/stream-probe.err"
   note "stream-probe: rc=$?"
+  "$loom" warp-probe > "$out/logs/warp-probe.txt" 2> "$out/logs/warp-probe.err"
+  note "warp-probe: rc=$?"
 fi
 
 # Default: the runs docs/perf.md records (T sweep; deterministic, PDL-off and eager variants;
@@ -83,6 +85,7 @@ tar -xzOf "$out/gpu-check.tar.gz" logs/peaks.txt 2>/dev/null
 tar -xzOf "$out/gpu-check.tar.gz" logs/skeleton.txt 2>/dev/null
 tar -xzOf "$out/gpu-check.tar.gz" logs/gather-probe.txt 2>/dev/null
 tar -xzOf "$out/gpu-check.tar.gz" logs/stream-probe.txt 2>/dev/null
+tar -xzOf "$out/gpu-check.tar.gz" logs/warp-probe.txt 2>/dev/null
 for j in $(seq 1 $i); do tar -xzOf "$out/gpu-check.tar.gz" "logs/bench$j.txt" 2>/dev/null; done
 echo "---- summary"
 cat "$out/summary.txt"

@@ -1,4 +1,4 @@
-// The design probes (`loom skeleton`, `loom gather-probe`, `loom stream-probe`) run every variant
+// The design probes (`loom skeleton`, `loom gather-probe`, `loom stream-probe`, `loom warp-probe`) run every variant
 // and report figures inside what the hardware allows: a variant whose kernel did no work, or
 // failed, shows up as a missing row or an impossible rate.
 #include <gtest/gtest.h>
@@ -10,6 +10,7 @@
 #include "bench/gather_probe_sm90.cuh"
 #include "bench/mma_skeleton_sm90.cuh"
 #include "bench/stream_probe_sm90.cuh"
+#include "bench/warp_probe_sm90.cuh"
 #include "gpu_test.hpp"
 
 namespace loom::bench {
@@ -92,6 +93,24 @@ TEST(ProbesGpu, StreamProbeReadsFromHbmAtAPlausibleRate) {
     EXPECT_GT(r[2], 1.0) << table;
     EXPECT_LT(r[2], 4.9) << table;
   }
+}
+
+TEST(ProbesGpu, WarpProbeTimesEveryStepAsADependentChain) {
+  LOOM_REQUIRE_GPU();
+  std::ostringstream log;
+  WarpProbeOptions opt;
+  opt.repeats = 1;
+  const std::string table = run_warp_probe(opt, log);
+  const auto rows = table_numbers(table, 2);  // cycles: pass 1, passes 2-8
+  ASSERT_EQ(rows.size(), 7u) << table;
+  for (const auto& r : rows) {
+    // A dependent step takes at least an ALU latency (~4 cycles) and none takes microseconds.
+    EXPECT_GT(r[1], 3.0) << table;
+    EXPECT_LT(r[1], 2000.0) << table;
+    EXPECT_GE(r[0], 3.0) << table;
+  }
+  // The arg-max round holds a reduction and a ballot, so it takes longer than a reduction alone.
+  EXPECT_GT(rows[5][1], rows[1][1]) << table;
 }
 
 }  // namespace

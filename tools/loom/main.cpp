@@ -11,6 +11,7 @@
 #include "bench/mma_skeleton_sm90.cuh"
 #include "bench/peaks.hpp"
 #include "bench/stream_probe_sm90.cuh"
+#include "bench/warp_probe_sm90.cuh"
 #include "common/build_info.hpp"
 #include "common/chain_trace.cuh"
 #include "common/device_info.hpp"
@@ -36,6 +37,8 @@ usage:
                          into shared memory, or loads into registers) at several shared-memory sizes
   loom stream-probe [--repeats R]   streaming the preset's expert weights from HBM by TMA into a
                          shared-memory ring with nothing consuming them (ring depths, box shapes, orders)
+  loom warp-probe [--repeats R]   cycles of the warp steps the routing waits on (reduction, ballot,
+                         shuffle, match, one arg-max round), as dependent chains in one warp
   loom help              this text
 
 workload options (bench, info):
@@ -212,6 +215,15 @@ int cmd_stream_probe(int argc, char** argv) {
   return 0;
 }
 
+int cmd_warp_probe(int argc, char** argv) {
+  const Args a(rest(argc, argv), {"repeats"}, {});
+  loom::bench::WarpProbeOptions opt;
+  opt.repeats = int(a.integer("repeats", opt.repeats));
+  if (opt.repeats < 1) throw Error("--repeats must be >= 1");
+  std::cout << loom::bench::run_warp_probe(opt, std::cerr) << std::flush;
+  return 0;
+}
+
 int cmd_info(int argc, char** argv) {
   const Args a(rest(argc, argv), kWorkloadFlags, {"no-renorm", "sweep", "deterministic", "no-pdl"});
   const Workload w = parse_workload(a);
@@ -252,6 +264,7 @@ int main(int argc, char** argv) {
     if (cmd == "skeleton") return cmd_skeleton(argc, argv);
     if (cmd == "gather-probe") return cmd_gather_probe(argc, argv);
     if (cmd == "stream-probe") return cmd_stream_probe(argc, argv);
+    if (cmd == "warp-probe") return cmd_warp_probe(argc, argv);
     if (cmd == "help" || cmd == "--help" || cmd == "-h") {
       std::cout << kUsage;
       return 0;
