@@ -17,7 +17,7 @@ constexpr int kChainSteps = 256;   // dependent steps per pass of a collective's
 constexpr int kRankSlots = 8;      // V of E = 256
 constexpr int kRankTopk = 8;
 
-enum class Step { add, redux_max, ballot, shfl_idx, match_any, argmax_round, routing_ranking };
+enum class Step { add, redux_max, ballot, shfl_idx, match_any, argmax_round, routing_ranking, two_best_ranking };
 
 // One dependent step of `kStep` on v (the routing ranking is timed per round, not here).
 template <Step kStep>
@@ -47,7 +47,7 @@ __global__ void __launch_bounds__(32) warp_probe_kernel(const uint32_t* keys, fl
   const int lane = int(threadIdx.x);
   uint32_t acc = 0;
   for (int p = 0; p < kPasses; ++p) {
-    if constexpr (kStep == Step::routing_ranking) {
+    if constexpr (kStep == Step::routing_ranking || kStep == Step::two_best_ranking) {
       uint32_t key[kRankSlots];
       float val[kRankSlots];
 #pragma unroll
@@ -57,9 +57,13 @@ __global__ void __launch_bounds__(32) warp_probe_kernel(const uint32_t* keys, fl
       }
       __syncwarp();
       const long long t0 = clock64();
+      [[maybe_unused]] route_detail::WarpRanker<kRankSlots> ranker;
       for (int r = 0; r < kRankTopk; ++r) {
         float v;
-        acc += route_detail::take_best<kRankSlots>(key, val, lane, v);
+        if constexpr (kStep == Step::routing_ranking)
+          acc += route_detail::take_best<kRankSlots>(key, val, lane, v);
+        else
+          acc += ranker.take(key, val, lane, v);
       }
       __syncwarp();
       const long long t1 = clock64();
@@ -112,6 +116,7 @@ std::string run_warp_probe(const WarpProbeOptions& opt, std::ostream& log) {
       {"match.any + add", warp_probe_kernel<Step::match_any>},
       {"arg-max round: redux, ballot, lowest-lane test", warp_probe_kernel<Step::argmax_round>},
       {"routing round (take_best, V=8), per round of k=8", warp_probe_kernel<Step::routing_ranking>},
+      {"large-batch round (WarpRanker, V=8), per round", warp_probe_kernel<Step::two_best_ranking>},
   };
   std::ostringstream out;
   char line[200];
