@@ -6,7 +6,8 @@
 #   CHECK_BENCH extra `loom bench` runs, ';'-separated argument lists (default: the presets)
 #   GTEST_FILTER which tests to run (default all)
 #   SKIP_PEAKS  set: skip `loom peaks`
-#   SKIP_SKELETON set: skip `loom skeleton`, `loom gather-probe`, `loom stream-probe` and `loom warp-probe` (~10 s)
+#   SKIP_SKELETON set: skip the probes: `loom skeleton`, `gather-probe`, `stream-probe`, `warp-probe`
+#               (~10 s)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 build=${BUILD_DIR:-build}

@@ -1,6 +1,6 @@
-// The design probes (`loom skeleton`, `loom gather-probe`, `loom stream-probe`, `loom warp-probe`) run every variant
-// and report figures inside what the hardware allows: a variant whose kernel did no work, or
-// failed, shows up as a missing row or an impossible rate.
+// The design probes (`loom skeleton`, `loom gather-probe`, `loom stream-probe`, `loom warp-probe`)
+// run every variant and report figures inside what the hardware allows: a variant whose kernel did
+// no work, or failed, shows up as a missing row or an impossible rate.
 #include <gtest/gtest.h>
 
 #include <sstream>

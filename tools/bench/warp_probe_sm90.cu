@@ -12,14 +12,14 @@
 namespace loom::bench {
 namespace {
 
-constexpr int kPasses = 8;         // passes per launch: the first cold, the rest warm
+constexpr int kPasses = 8;         // passes per launch: the first fetches uncached code, the rest run warm
 constexpr int kChainSteps = 256;   // dependent steps per pass of a collective's chain
 constexpr int kRankSlots = 8;      // V of E = 256
 constexpr int kRankTopk = 8;
 
 enum class Step { add, redux_max, ballot, shfl_idx, match_any, argmax_round, routing_ranking, two_best_ranking };
 
-// One dependent step of `kStep` on v (the routing ranking is timed per round, not here).
+// One dependent step of `kStep` on v (the rankers are timed per round, not here).
 template <Step kStep>
 __device__ __forceinline__ uint32_t step(uint32_t v, int lane) {
   constexpr unsigned kAll = 0xffffffffu;
@@ -41,7 +41,7 @@ __device__ __forceinline__ uint32_t step(uint32_t v, int lane) {
   }
 }
 
-// cycles[p]: pass p's cycles per step (per round for the routing ranking).
+// cycles[p]: pass p's cycles per step (per round for the rankers).
 template <Step kStep>
 __global__ void __launch_bounds__(32) warp_probe_kernel(const uint32_t* keys, float* cycles, uint32_t* sink) {
   const int lane = int(threadIdx.x);
@@ -120,7 +120,8 @@ std::string run_warp_probe(const WarpProbeOptions& opt, std::ostream& log) {
   };
   std::ostringstream out;
   char line[200];
-  std::snprintf(line, sizeof line, "%-50s %12s %12s\n", "warp step (one warp, dependent chain)", "pass 1", "passes 2-8");
+  std::snprintf(line, sizeof line, "%-50s %12s %12s\n", "warp step (one warp, dependent chain)", "pass 1",
+                "passes 2-8");
   out << line;
   std::snprintf(line, sizeof line, "%-50s %12s %12s\n", "", "cycles", "cycles");
   out << line;
@@ -137,7 +138,8 @@ std::string run_warp_probe(const WarpProbeOptions& opt, std::ostream& log) {
     }
     std::sort(first.begin(), first.end());
     std::sort(warm.begin(), warm.end());
-    std::snprintf(line, sizeof line, "%-50s %12.1f %12.1f\n", v.name, first[first.size() / 2], warm[warm.size() / 2]);
+    std::snprintf(line, sizeof line, "%-50s %12.1f %12.1f\n", v.name, first[first.size() / 2],
+                  warm[warm.size() / 2]);
     out << line;
     log << "warp-probe: " << v.name << " done\n";
   }

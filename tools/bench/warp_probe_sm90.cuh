@@ -1,6 +1,7 @@
 // `loom warp-probe`: the latency of the warp-wide steps the latency-bound routing is made of
 // (route_topk_device.cuh), each timed by clock64 in one warp as a chain of dependent steps, and
-// one k = 8 ranking of the routing's own arg-max rounds (take_best) over E = 256 experts.
+// k = 8 rankings over E = 256 experts by both rankers' own rounds (take_best for latency,
+// WarpRanker for throughput).
 //
 // A step is the collective plus one dependent integer add (so the chain cannot fold). A launch
 // times 8 passes of its chain: the first pass also fetches whatever code the instruction caches
