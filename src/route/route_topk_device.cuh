@@ -81,6 +81,40 @@ __device__ __forceinline__ int expert_of(int slot, int lane) {
   return lane * V + slot;
 }
 
+// Unnormalised softmax probability of a (valid) expert's capped logit c: exp(c - max) for a finite
+// max; for a +inf max the +inf logits share the mass (1 each); nothing above -inf (or all NaN)
+// gives no mass.
+__device__ __forceinline__ float softmax_mass(float c, float cmax) {
+  return cmax == INFINITY ? (c == INFINITY ? 1.0f : 0.0f) : cmax == -INFINITY ? 0.0f : exp_shifted(c, cmax);
+}
+
+// A lane's V slot values by value, so that the out-of-line helpers below take and return them in
+// registers (an array reference would put the caller's array in local memory).
+template <int V>
+struct SlotValues {
+  float v[V];
+};
+
+// The softmax routing's rare paths (a soft-cap, no renormalisation) are calls, not inline blocks.
+// Inline, each put a few KiB of code on the common path, which jumped over it, and at every replay
+// that jump missed the cold instruction cache: ~0.2 us of the small batches' chain for the two
+// (docs/perf.md, thirty-third session).
+template <int V>
+__device__ __noinline__ SlotValues<V> soft_capped(SlotValues<V> x, float cap) {
+#pragma unroll
+  for (int s = 0; s < V; ++s) x.v[s] = cap * tanhf(x.v[s] / cap);  // NaN stays NaN
+  return x;
+}
+
+// The full softmax denominator over the token's valid experts (every lane gets it).
+template <int V>
+__device__ __noinline__ float softmax_denominator(SlotValues<V> c, float cmax, int lane, int experts) {
+  float part = 0.0f;
+#pragma unroll
+  for (int s = 0; s < V; ++s) part += expert_of<V>(s, lane) < experts ? softmax_mass(c.v[s], cmax) : 0.0f;
+  return warp_sum(part);
+}
+
 // One round of the warp arg-max over the lanes' keys: returns the winning expert id, removes it
 // from its lane, and broadcasts its `val` to every lane. One reduction and one ballot on the
 // round's critical path; the id and value are shuffled off it.
@@ -338,14 +372,15 @@ __device__ __forceinline__ bool route_one_token(const RouteTopkParams& p, int64_
 
   if constexpr (!kSigmoid) {
     const float cap = p.routing.softcap;
-    float c[V];
-    // One warp-uniform branch for the soft-cap, not one per slot.
-    if (cap > 0.0f) {
+    SlotValues<V> c;
+    if (cap > 0.0f) {  // warp-uniform: one branch for the soft-cap, not one per slot
+      SlotValues<V> raw;
 #pragma unroll
-      for (int s = 0; s < V; ++s) c[s] = cap * tanhf(x[s] / cap);  // NaN stays NaN
+      for (int s = 0; s < V; ++s) raw.v[s] = x[s];
+      c = soft_capped(raw, cap);
     } else {
 #pragma unroll
-      for (int s = 0; s < V; ++s) c[s] = x[s];
+      for (int s = 0; s < V; ++s) c.v[s] = x[s];
     }
     float cmax = -INFINITY;
     float tree[V];  // latency: the valid slots' capped logits
@@ -354,9 +389,9 @@ __device__ __forceinline__ bool route_one_token(const RouteTopkParams& p, int64_
       const bool valid = expert_of<V>(s, lane) < experts;
       key[s] = valid ? rank_key<true>(x[s]) : kNotCandidate;
       if constexpr (kTwoBest)
-        cmax = valid ? fmaxf(cmax, c[s]) : cmax;  // fmaxf skips NaN
+        cmax = valid ? fmaxf(cmax, c.v[s]) : cmax;  // fmaxf skips NaN
       else
-        tree[s] = valid ? c[s] : -INFINITY;
+        tree[s] = valid ? c.v[s] : -INFINITY;
     }
     if constexpr (kTwoBest) {  // throughput: the fewest instructions
       cmax = warp_max(cmax);
@@ -370,26 +405,15 @@ __device__ __forceinline__ bool route_one_token(const RouteTopkParams& p, int64_
     }
     if (token == 0 && lane == 0) LOOM_TRACE(kRankMax);
 
-    // Unnormalised probability of a (valid) expert: exp(c - max) for a finite max; for a +inf max
-    // the +inf logits share the mass (1 each); nothing above -inf (or all NaN) gives no mass.
-    auto mass = [cmax](float cv) {
-      return cmax == INFINITY ? (cv == INFINITY ? 1.0f : 0.0f) : cmax == -INFINITY ? 0.0f : exp_shifted(cv, cmax);
-    };
     // The full denominator only without renormalisation (renormalised, it cancels): the k chosen
     // experts' masses are all the exps a renormalised token needs.
-    float denominator = 0.0f;
-    if (!p.routing.renormalize) {
-      float part = 0.0f;
-#pragma unroll
-      for (int s = 0; s < V; ++s) part += expert_of<V>(s, lane) < experts ? mass(c[s]) : 0.0f;
-      denominator = warp_sum(part);
-    }
+    const float denominator = p.routing.renormalize ? 0.0f : softmax_denominator(c, cmax, lane, experts);
 
     float my_c = 0.0f;  // lane r < k: the (capped) logit of rank r
-    rank_topk<V, kTwoBest>(key, c, topk, lane, my_id, my_c);
+    rank_topk<V, kTwoBest>(key, c.v, topk, lane, my_id, my_c);
     if (token == 0 && lane == 0) LOOM_TRACE(kRankRanked);
     // Once, after the ranking: inside the loop the warp issued the exp of every round.
-    const float mine = lane < topk ? mass(my_c) : 0.0f;
+    const float mine = lane < topk ? softmax_mass(my_c, cmax) : 0.0f;
     // Renormalised: e / sum over the k chosen e (the full denominator cancels); a zero sum means
     // every weight is 0 and stays 0.
     // mine is +0 on lanes >= topk: latency takes fewer butterfly steps for the same bits.
