@@ -49,13 +49,13 @@ __device__ __forceinline__ void route_dispatch_by_token_masks(const RouteTopkPar
   const int rank = int(blockIdx.x);  // the routing CTAs are the grid's first cluster
   uint32_t* masks = reinterpret_cast<uint32_t*>(smem);  // [E]: bit t = token t routes to the expert
   int32_t* offsets = smem + E;                           // [E]
-  int32_t* warp_base = offsets + E;                      // [kWarps]: scan of the per-warp expert sums
+  int32_t* warp_base = offsets + E;                      // [kWarps]: the per-warp expert sums
   int32_t* counters = warp_base + kWarps;                // [0]: NaN tokens, [1]: dropped routes
   int32_t* route_id = counters + 2;                      // [T * k]: routed ids (CTA 0's copy is used)
   float* route_w = reinterpret_cast<float*>(route_id + kMaxRoutes);  // [T * k]: their weights
   const int token = warp * route_ctas + rank;
   if (token < rp.tokens) route_detail::prefetch_token_logits(rp, token, lane);
-  for (int i = threadIdx.x; i < E; i += kThreads) masks[i] = 0u;
+  if (int(threadIdx.x) < E) masks[threadIdx.x] = 0u;  // E <= kThreads: no loop to unroll on the path
   if (threadIdx.x < 2) counters[threadIdx.x] = 0;
   // Everything below reads or writes memory the previous kernels of the chain may own.
   ptx::pdl_wait();
@@ -108,20 +108,12 @@ __device__ __forceinline__ void route_dispatch_by_token_masks(const RouteTopkPar
     const int n = __shfl_up_sync(0xffffffffu, incl, d);
     if (lane >= d) incl += n;
   }
-  if (lane == 31) warp_base[warp] = incl;
+  if (lane == 31) warp_base[warp] = incl;  // the warp's sums
   __syncthreads();
-  if (warp == 0) {
-    const int total = warp_base[lane];
-    int run = total;
-#pragma unroll
-    for (int d = 1; d < 32; d *= 2) {
-      const int n = __shfl_up_sync(0xffffffffu, run, d);
-      if (lane >= d) run += n;
-    }
-    warp_base[lane] = run - total;
-  }
-  __syncthreads();
-  const int excl = warp_base[warp] + incl - count_hit;
+  // The warp's base is the sum of the warps' sums before it: one reduction, not a barrier and a
+  // second scan in warp 0 (on the small batches' path).
+  const int base = __reduce_add_sync(0xffffffffu, lane < warp ? warp_base[lane] : 0);
+  const int excl = base + incl - count_hit;
   const int offset = excl & 0xffff, hit_slot = excl >> 16;
   if (int(threadIdx.x) < E) {
     offsets[threadIdx.x] = offset;
@@ -135,7 +127,10 @@ __device__ __forceinline__ void route_dispatch_by_token_masks(const RouteTopkPar
   __syncthreads();
   if (threadIdx.x == 0) LOOM_TRACE(kSmallLayout);
 
-  for (int route = threadIdx.x; route < rp.tokens * k; route += kThreads) {
+  // One route per thread (kMaxRoutes <= kThreads): an `if`, not a loop, whose unrolled copies the
+  // compiler would lay out on the path (cold instruction fetch at every replay).
+  static_assert(kMaxRoutes <= kThreads, "a thread per route");
+  if (const int route = int(threadIdx.x); route < rp.tokens * k) {
     const int t = route / k;
     const int32_t id = route_id[route];
     if (id >= 0 && id < E) {
@@ -156,6 +151,19 @@ __device__ __forceinline__ void route_dispatch_by_token_masks(const RouteTopkPar
   }
 }
 
+// The quantising CTAs of the fused kernel (blockIdx.x >= route_ctas): qp's rows in token order.
+__device__ __noinline__ void quantise_in_token_order(const QuantGatherParams qp, int route_ctas) {
+  const int64_t tid = int64_t(int(blockIdx.x) - route_ctas) * kThreads + threadIdx.x,
+                nth = int64_t(int(gridDim.x) - route_ctas) * kThreads;
+  quant_detail::prefetch_first_units(qp, uint64_t(tid) >> 5);
+  // The quantised rows and the output cleared here may still be read by the previous run.
+  ptx::pdl_wait();
+  ptx::pdl_launch_dependents();
+  if (threadIdx.x == 0) LOOM_TRACE(kSmallWaited);
+  quant_detail::quant_gather_body(qp, uint64_t(tid) >> 5, uint64_t(nth) >> 5, tid, nth);
+  if (threadIdx.x == 0) LOOM_TRACE(kSmallQuantEnd);
+}
+
 // kRoute: route first (V slots per lane, T <= 32: token masks); else dispatch the top-k ids already
 // in dp (up to kSmallBatchMaxRoutes: per-warp count tables).
 // CTAs [0, route_ctas) route (one cluster) and CTA 0 dispatches; the CTAs after them (if any)
@@ -166,16 +174,11 @@ __global__ void __launch_bounds__(kThreads, 1)
                                 int route_ctas) {
   extern __shared__ int32_t smem[];
   if (threadIdx.x == 0) LOOM_TRACE(kSmallStart);
+  // The quantising CTAs call their code out of line, so that the routing CTAs fall through into
+  // theirs: the chain waits on the routing, and their jump over the inlined quantiser missed the
+  // cold instruction cache at every replay (docs/perf.md, thirty-third session).
   if (int(blockIdx.x) >= route_ctas) {
-    const int64_t tid = int64_t(int(blockIdx.x) - route_ctas) * kThreads + threadIdx.x,
-                  nth = int64_t(int(gridDim.x) - route_ctas) * kThreads;
-    quant_detail::prefetch_first_units(qp, uint64_t(tid) >> 5);
-    // The quantised rows and the output cleared here may still be read by the previous run.
-    ptx::pdl_wait();
-    ptx::pdl_launch_dependents();
-    if (threadIdx.x == 0) LOOM_TRACE(kSmallWaited);
-    quant_detail::quant_gather_body(qp, uint64_t(tid) >> 5, uint64_t(nth) >> 5, tid, nth);
-    if (threadIdx.x == 0) LOOM_TRACE(kSmallQuantEnd);
+    quantise_in_token_order(qp, route_ctas);
     return;
   }
   if constexpr (kRoute) {
