@@ -25,7 +25,7 @@ const char* event_name(int event) {
       "dispatch: scanned", "dispatch: rows assigned", "dispatch: end",
       "quantise: start", "quantise: waited", "quantise: end",
       "gemm: start", "gemm: waited", "gemm: units known", "gemm: first unit's rows read", "gemm: first weight TMA issued",
-      "gemm: a stage full (consumer 0)", "gemm: end", "gemm: SM"};
+      "gemm: a stage full (consumer 0)", "gemm: epilogue start (consumer 0)", "gemm: end", "gemm: SM"};
   return event >= 0 && event < kEventCount ? names[event] : "?";
 }
 
