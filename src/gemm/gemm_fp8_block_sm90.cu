@@ -10,6 +10,7 @@
 #include "common/cuda_check.hpp"
 #include "common/launch.hpp"
 #include "common/tensor_map.hpp"
+#include "gemm/fast_divisor.hpp"
 #include "gemm/gemm_fp8_regs_sm90.cuh"
 #include "gemm/gemm_fp8_resident_sm90.cuh"
 #include "gemm/promote_rows.cuh"
@@ -128,6 +129,9 @@ struct KernelArgs {
   // Gathered batches under PDL, with a hit list or a dense walk: the producer walks to its first
   // unit's rows once, dry, before the PDL wait (GemmFp8Config::warm_up).
   int warm_up;
+  // The unit walk's divisors (kblocks, nblocks, nblocks * split_k, split_k, gridDim.x), their
+  // divisions on the path from the PDL wait to the first unit a high multiply each.
+  FastDivisor kblocks_div, nblocks_div, per_expert_div, split_k_div, grid_div;
 };
 
 // Epilogue in the consumers: each consumer warpgroup stages 32 token columns of its 64 weight rows
@@ -274,7 +278,7 @@ __device__ __forceinline__ Unit decode_unit(const S& s, const KernelArgs& a, int
     unit.kb_begin = 0;
     unit.kb_end = a.kblocks;
     if (u < hits * a.nblocks) {  // the first chunks, no search
-      unit.slot = u / a.nblocks;
+      unit.slot = int(a.nblocks_div.div(uint32_t(u)));
       unit.nb = u - unit.slot * a.nblocks;
       unit.chunk = 0;
     } else {
@@ -296,11 +300,11 @@ __device__ __forceinline__ Unit decode_unit(const S& s, const KernelArgs& a, int
     return unit;
   }
   const int per_expert = a.nblocks * a.split_k;
-  const int slot = u / per_expert, rem = u - slot * per_expert;
+  const int slot = int(a.per_expert_div.div(uint32_t(u))), rem = u - slot * per_expert;
   Unit unit;
   unit.expert = a.dense ? slot : s.hit_experts[slot];
   unit.slot = slot;
-  unit.nb = rem / a.split_k;
+  unit.nb = int(a.split_k_div.div(uint32_t(rem)));
   const int ks = rem - unit.nb * a.split_k;
   unit.kb_begin = ks * a.kblocks_per_split;
   unit.kb_end = min(a.kblocks, unit.kb_begin + a.kblocks_per_split);
@@ -319,9 +323,9 @@ struct WorkCursor {
 
   __device__ WorkCursor(const KernelArgs& a, int units) {
     if (a.balanced) {
-      // Share b: total / grid pairs, one more for the first total % grid shares (32-bit divisions).
+      // Share b: total / grid pairs, one more for the first total % grid shares.
       const int total = units * a.kblocks, grid = int(gridDim.x), b = int(blockIdx.x);
-      const int share = total / grid, extra = total - share * grid;
+      const int share = int(a.grid_div.div(uint32_t(total))), extra = total - share * grid;
       pos = b * share + min(b, extra);
       end = pos + share + (b < extra ? 1 : 0);
     } else {
@@ -337,7 +341,7 @@ struct WorkCursor {
       pos += int(gridDim.x);
       return true;
     }
-    const int u = pos / a.kblocks, kb = pos - u * a.kblocks;
+    const int u = int(a.kblocks_div.div(uint32_t(pos))), kb = pos - u * a.kblocks;
     unit = decode_unit<kBins>(s, a, u);  // split_k is 1 here: the unit spans every K block
     unit.kb_begin = kb;
     unit.kb_end = min(a.kblocks, kb + (end - pos));
@@ -517,6 +521,7 @@ template <int W, class S>
 __device__ __forceinline__ void epilogue_in_consumers(S& s, const KernelArgs& a, const float (&final_acc)[W / 2],
                                                       int row0, int chunk_rows, int nb, int consumer, float row_w,
                                                       int32_t row_t) {
+  if (threadIdx.x == 128) LOOM_TRACE(kGemmEpilogue);
   const int wg_row = threadIdx.x % 128;
   const uint32_t barrier_id = 1 + consumer, wg_thread = threadIdx.x % 128;
   float(*stage_cols)[kEpilogueStride] = s.epi.cols[consumer];
@@ -1397,6 +1402,11 @@ void launch_gemm_fp8(const GemmFp8Params& p, const GemmFp8Config& cfg, const Dev
   if (units >= (int64_t(1) << 31)) throw Error("fp8 GEMM: E x ceil(N/128) x ceil(K/128) exceeds the kernel's 32-bit work index");
   // The chunk walk's unit count is known only on the device (an expert's further chunks): every SM.
   const int grid = p.expert_counts ? device.sm_count : int(std::max<int64_t>(1, std::min<int64_t>(units, device.sm_count)));
+  a.kblocks_div = FastDivisor(uint32_t(kblocks));
+  a.nblocks_div = FastDivisor(uint32_t(nblocks));
+  a.per_expert_div = FastDivisor(uint32_t(nblocks * a.split_k));
+  a.split_k_div = FastDivisor(uint32_t(a.split_k));
+  a.grid_div = FastDivisor(uint32_t(grid));
   launch_kernel(kernel, dim3(grid), dim3(kThreads), smem, stream, pdl, maps, a);
 }
 
