@@ -15,11 +15,7 @@
 #include <cmath>
 #endif
 
-#if defined(__CUDACC__)
-#define LOOM_HOST_DEVICE __host__ __device__
-#else
-#define LOOM_HOST_DEVICE
-#endif
+#include "common/host_device.hpp"
 
 namespace loom {
 
