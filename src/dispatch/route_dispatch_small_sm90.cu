@@ -127,11 +127,12 @@ __device__ __forceinline__ void route_dispatch_by_token_masks(const RouteTopkPar
   __syncthreads();
   if (threadIdx.x == 0) LOOM_TRACE(kSmallLayout);
 
-  // One route per thread (kMaxRoutes <= kThreads): an `if`, not a loop, whose unrolled copies the
-  // compiler would lay out on the path (cold instruction fetch at every replay).
-  static_assert(kMaxRoutes <= kThreads, "a thread per route");
-  if (const int route = int(threadIdx.x); route < rp.tokens * k) {
-    const int t = route / k;
+  // Warp t writes token t's routes, lane j slot j (T <= kWarps, k <= 16): no loop, whose unrolled
+  // copies the compiler laid out on the path (cold instruction fetch at every replay), and no
+  // division for the token.
+  static_assert(kSmallBatchMaxTokens <= kWarps && kSmallMaxTopk <= 32, "a warp per token, a lane per slot");
+  if (const int t = warp; t < rp.tokens && lane < k) {
+    const int route = t * k + lane;
     const int32_t id = route_id[route];
     if (id >= 0 && id < E) {
       const int row = offsets[id] + __popc(masks[id] & ((1u << t) - 1u));
