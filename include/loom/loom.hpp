@@ -63,7 +63,7 @@ struct Plan {
   // Workspace carve-up (byte offsets), sized for shape.tokens.
   struct Layout {
     size_t topk_ids, topk_weights, nan_flags, offsets, route_row, row_token, row_weight, x, x_scales, y,
-        gemm_queue, hit_list, token_masks, slice_counts, bin_counts, bin_token, bin_weight, status, total;
+        gemm_queue, hit_list, early_ids, token_masks, slice_counts, bin_counts, bin_token, bin_weight, status, total;
     int64_t bin_stride;  // slots per expert bin (shape.tokens), 0 when the plan never uses the bins
     int64_t x_rows;  // activation rows the x and x_scales buffers hold (any batch of the plan fits)
   } layout{};

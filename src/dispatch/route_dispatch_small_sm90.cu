@@ -1,6 +1,7 @@
 #include "dispatch/route_dispatch_small_sm90.cuh"
 
 #include <cooperative_groups.h>
+#include <cuda/atomic>
 
 #include <string>
 
@@ -57,10 +58,19 @@ __device__ __forceinline__ void route_dispatch_by_token_masks(const RouteTopkPar
   if (token < rp.tokens) route_detail::prefetch_token_logits(rp, token, lane);
   if (int(threadIdx.x) < E) masks[threadIdx.x] = 0u;  // E <= kThreads: no loop to unroll on the path
   if (threadIdx.x < 2) counters[threadIdx.x] = 0;
+  // Early ids: the launcher passes them only with one routing CTA, whose last warp routes no token
+  // (T <= kTokensPerRouteCta < kWarps) and lets the GEMM launch.
+  const bool early = rp.early_ids != nullptr;  // route_one_token stores them
+  constexpr int kEarlyWarp = kWarps - 1;
+  static_assert(kTokensPerRouteCta < kEarlyWarp && kEarlyIdWords <= 32, "the arming warp routes no token");
   // Everything below reads or writes memory the previous kernels of the chain may own.
   ptx::pdl_wait();
-  ptx::pdl_launch_dependents();
+  if (!early) ptx::pdl_launch_dependents();
   if (threadIdx.x == 0) LOOM_TRACE(kSmallWaited);
+  // The previous run's GEMM has completed (the wait): clear its ids before this run's GEMM can
+  // start (below) and before this run's ids (after the barrier, so they land after the clear).
+  if (early && warp == kEarlyWarp && lane < kEarlyIdWords)
+    cuda::atomic_ref<uint32_t, cuda::thread_scope_device>(rp.early_ids[lane]).store(0u, cuda::std::memory_order_relaxed);
   // CTA 0's tables are cleared, and every CTA of the cluster runs (distributed shared memory may be
   // accessed only then).
   cg::cluster_group cluster = cg::this_cluster();
@@ -72,6 +82,12 @@ __device__ __forceinline__ void route_dispatch_by_token_masks(const RouteTopkPar
       __syncthreads();
   };
   sync_routing_ctas();
+  if (early && warp == kEarlyWarp) {
+    // The clear is visible at GPU scope before any GEMM CTA can read the ids: those start only
+    // once every CTA of this grid has let them (the first launch_dependents of a CTA counts).
+    __threadfence();
+    ptx::pdl_launch_dependents();
+  }
   // Lane j < k of the token's warp then holds slot j in registers. CTA 0's tables are mapped after
   // the routing, which needs every register it can get.
   if (token < rp.tokens) {
@@ -351,6 +367,9 @@ void launch_route_dispatch_small(const RouteTopkParams& rp, const DispatchParams
     throw Error("route_dispatch_small: route and dispatch shapes differ");
   if (rp.bin_counts) throw Error("route_dispatch_small: expert bins are filled by launch_route_quant only");
   if (rp.tokens == 0) return;
+  if (rp.early_ids && (route_dispatch_small_ctas(rp.tokens) != 1 || int64_t(rp.tokens) * rp.topk > kEarlyIdWords))
+    throw Error("route_dispatch_small: early ids need one routing CTA and at most " + std::to_string(kEarlyIdWords) +
+                " routes");
   if (qp) {
     check_quant_gather(*qp);
     if (qp->tokens != rp.tokens || qp->route_row != nullptr)

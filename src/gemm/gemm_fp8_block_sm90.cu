@@ -1,6 +1,7 @@
 #include "gemm/gemm_fp8_block_sm90.cuh"
 
 #include <cuda.h>
+#include <cuda/atomic>
 
 #include <algorithm>
 #include <cmath>
@@ -132,6 +133,9 @@ struct KernelArgs {
   // The unit walk's divisors (kblocks, nblocks, nblocks * split_k, split_k, gridDim.x), their
   // divisions on the path from the PDL wait to the first unit a high multiply each.
   FastDivisor kblocks_div, nblocks_div, per_expert_div, split_k_div, grid_div;
+  // GemmFp8Params::early_ids (gathering compact walks only; nullptr: none) and early_routes.
+  const uint32_t* early_ids;
+  int early_routes;
 };
 
 // Epilogue in the consumers: each consumer warpgroup stages 32 token columns of its 64 weight rows
@@ -195,6 +199,7 @@ struct alignas(1024) SharedStorage {
   int2 hit_range[kMaxHitExperts];       // ... and their (first row, rows), when read from a.hit_list
   int32_t hit_count;
   int32_t chunk_hits[kMaxHitExperts / 32];
+  alignas(16) int32_t early_key[kEarlyIdWords];  // read_early_ids
 };
 using InlineStorage = SharedStorage<kStagesInline, false>;
 using HandoffStorage = SharedStorage<kStagesHandoff, true>;
@@ -389,6 +394,52 @@ __device__ __forceinline__ void load_hit_list(S& s, const KernelArgs& a) {
       s.hit_experts[i - 1] = h.x;
       s.hit_range[i - 1] = make_int2(h.y, h.z);
     }
+  }
+  __syncthreads();
+}
+
+// Compact mode from the early expert ids (GemmFp8Params::early_ids): warp 0 spins until every
+// route's word is this run's, then lists the distinct experts in ascending order with their first
+// sorted row (the routes to lower experts: the dispatch's offsets) and their rows, as the hit list
+// would. Before the PDL wait: nothing else the kernel before writes is read here. Short code on
+// purpose: it is inlined beside the producer's loop (the warm-up's end), where 400 instructions of
+// unrolled shuffles slowed every gathering batch's GEMM (T=32 GEMM alone 45.3 vs 43.0 us).
+template <class S>
+__device__ __forceinline__ void read_early_ids(S& s, const KernelArgs& a) {
+  static_assert(kEarlyIdWords <= 32 && kEarlyIdWords % 4 == 0, "a lane per route; keys read four at a time");
+  if (threadIdx.x < 32) {
+    const int lane = threadIdx.x, routes = a.early_routes;
+    uint32_t word = 0;
+    if (lane < routes) {
+      cuda::atomic_ref<uint32_t, cuda::thread_scope_device> ref(*const_cast<uint32_t*>(a.early_ids + lane));
+      // One warp load per try: every lane's word at once.
+      do {
+        word = ref.load(cuda::std::memory_order_relaxed);
+      } while (!__all_sync(routes >= 32 ? 0xffffffffu : (1u << routes) - 1u, (word & kEarlyIdValid) != 0));
+    }
+    __syncwarp();
+    const int id = int(word & kEarlyIdMask) - 1;  // -1: no expert (or past the routes)
+    const bool valid = lane < routes && id >= 0 && id < a.experts;
+    const unsigned same = __match_any_sync(0xffffffffu, valid ? id : -1 - lane);
+    const bool first = valid && (same & ((1u << lane) - 1u)) == 0;
+    // Key 2 id + (not the expert's first route); none: past every id. Then key < 2x counts the
+    // routes to experts below x, and those of them with an even key the experts below x.
+    if (lane < kEarlyIdWords) s.early_key[lane] = valid ? 2 * id + (first ? 0 : 1) : 4 * kEarlyIdMask;
+    __syncwarp();
+    int rows_below = 0, slots_below = 0;
+#pragma unroll 1
+    for (int j = 0; j < routes; j += 4) {  // keys past the routes (to a multiple of 4): none
+      const int4 q = *reinterpret_cast<const int4*>(&s.early_key[j]);
+      rows_below += (q.x < 2 * id) + (q.y < 2 * id) + (q.z < 2 * id) + (q.w < 2 * id);
+      slots_below += (q.x < 2 * id && !(q.x & 1)) + (q.y < 2 * id && !(q.y & 1)) + (q.z < 2 * id && !(q.z & 1)) +
+                     (q.w < 2 * id && !(q.w & 1));
+    }
+    if (first) {
+      s.hit_experts[slots_below] = id;
+      s.hit_range[slots_below] = make_int2(rows_below, __popc(same));
+    }
+    const unsigned firsts = __ballot_sync(0xffffffffu, first);
+    if (lane == 0) s.hit_count = __popc(firsts);
   }
   __syncthreads();
 }
@@ -776,9 +827,13 @@ __device__ __forceinline__ void consume_chunk(S& s, PipelineState<S::kStages>& p
 // kRescale: the in-place rescale promotion, a kernel of its own so the default's register
 // allocation is not shaped by it. kHandoff: the hand-off epilogue (sorted rows only). kRows: the
 // activation source it serves (Rows::any: KernelArgs::gather says).
-template <bool kRescale, bool kHandoff, Rows kRows>
+// kEarly: the compact gathering walk from early expert ids (KernelArgs::early_ids), a kernel of
+// its own: the ids' code beside the producer's loop slowed the other gathering batches' GEMM
+// (T=4 / 32 e2e +0.3-0.5 us).
+template <bool kRescale, bool kHandoff, Rows kRows, bool kEarly = false>
 __global__ void __launch_bounds__(kThreads, 1)
     gemm_fp8_block_kernel(const __grid_constant__ TensorMaps maps, const KernelArgs a) {
+  static_assert(!kEarly || (kRows == Rows::gathered && !kRescale), "early ids serve the gathering compact walk");
   static_assert(!kHandoff || kRows == Rows::sorted, "the hand-off epilogue takes the producer threads a gather needs");
   static_assert(!(kHandoff && kRescale), "the in-place rescale experiment runs with the epilogue in the consumers");
   static_assert(!kHandoff || kStagesHandoff <= 4,
@@ -833,11 +888,17 @@ __global__ void __launch_bounds__(kThreads, 1)
   __syncthreads();
   // Everything after the PDL wait reads what the dispatch and quantisation kernels wrote. Every
   // thread runs this once: here, or after the producer's dry walk.
+  // Early ids: the hit list comes from them before the PDL wait, which each thread then runs before
+  // its first read of the layout or the activations (the producer threads after their first weight
+  // load, the consumers at once).
+  constexpr bool early = kEarly;
   auto wait_for_inputs = [&]() -> int {
-    ptx::pdl_wait();
+    if (!early) ptx::pdl_wait();
     if (threadIdx.x == 0) LOOM_TRACE(kGemmWaited);
     if constexpr (kBins) {
       build_chunk_walk(s, a);
+    } else if (early) {
+      read_early_ids(s, a);
     } else if (!a.dense) {
       if (a.hit_list != nullptr)
         load_hit_list(s, a);
@@ -1015,6 +1076,7 @@ __global__ void __launch_bounds__(kThreads, 1)
             ptx::mbar_arrive_expect_tx(&s.full[ps.stage], kWTileBytes);
             load_weight_tile(s.w[ps.stage], unit.kb_begin, e * a.n + nb * kBlockM, &s.full[ps.stage]);
           }
+          if (early) ptx::pdl_wait();  // the row tokens and activations below (once per thread suffices)
           // Every thread has issued the previous chunk's copies (their addresses are taken at issue).
           ptx::named_barrier_sync(kGatherBarrier, kProducerThreads);
           s.gather_token[pt] = kLookAhead && chunk == 0 ? first_token
@@ -1053,6 +1115,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     uint32_t handoff_phase = 0;
     PipelineState<QuadScales::kSlots> quad;  // hand-off: the scale-quad ring, as the producer's
     WorkCursor work(a, warm_up ? end_warm_up() : units);
+    if (early) ptx::pdl_wait();  // the rows' tokens and weights, and the cleared output
     Unit unit;
     const bool dynamic = !gather && a.work_queue != nullptr;
     PipelineState<kUnitSlots> ring;  // unit_ring slot and phase, as the producer's
@@ -1320,6 +1383,10 @@ void launch_gemm_fp8(const GemmFp8Params& p, const GemmFp8Config& cfg, const Dev
     throw Error(std::string("fp8 GEMM: this config reads activation scales ") +
                 (cfg.handoff_epilogue ? "in row quads (sorted rows, hand-off epilogue)" : "group-major") +
                 "; GemmFp8Params::x_scale_layout says otherwise");
+  if (p.early_ids && (cfg.x_source != XSource::gather_by_token || cfg.dense || cfg.rescale_promotion || !p.hit_list || p.expert_counts || p.early_routes < 1 ||
+                      p.early_routes > kEarlyIdWords))
+    throw Error("fp8 GEMM: early expert ids need a compact gathering walk with a hit list and 1 to " +
+                std::to_string(kEarlyIdWords) + " routes");
   if (p.experts > kMaxHitExperts) throw Error("fp8 GEMM: at most " + std::to_string(kMaxHitExperts) + " experts");
   if (cfg.split_k > 1 && p.combine != CombineMode::atomic) throw Error("fp8 GEMM: split-K needs the atomic combine");
   if (cfg.split_k > 1 && p.expert_counts) throw Error("fp8 GEMM: the chunk walk over expert bins takes no split-K");
@@ -1385,14 +1452,15 @@ void launch_gemm_fp8(const GemmFp8Params& p, const GemmFp8Config& cfg, const Dev
   // walk), sorted rows with either epilogue, and the in-place rescale experiment (either source,
   // epilogue in the consumers).
   using Kernel = void (*)(const TensorMaps, const KernelArgs);
-  static constexpr Kernel kernels[5] = {
+  static constexpr Kernel kernels[6] = {
       gemm_fp8_block_kernel<false, false, Rows::gathered>, gemm_fp8_block_kernel<false, false, Rows::sorted>,
       gemm_fp8_block_kernel<false, true, Rows::sorted>,    gemm_fp8_block_kernel<true, false, Rows::any>,
-      gemm_fp8_block_kernel<false, false, Rows::binned>};
-  const int variant =
-      cfg.rescale_promotion ? 3 : gather ? (p.expert_counts ? 4 : 0) : (cfg.handoff_epilogue ? 2 : 1);
+      gemm_fp8_block_kernel<false, false, Rows::binned>,   gemm_fp8_block_kernel<false, false, Rows::gathered, true>};
+  const int variant = cfg.rescale_promotion ? 3
+                      : gather              ? (p.expert_counts ? 4 : p.early_ids ? 5 : 0)
+                                            : (cfg.handoff_epilogue ? 2 : 1);
   const Kernel kernel = kernels[variant];
-  static bool configured[5] = {};
+  static bool configured[6] = {};
   if (!configured[variant]) {
     LOOM_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
     configured[variant] = true;
@@ -1407,6 +1475,8 @@ void launch_gemm_fp8(const GemmFp8Params& p, const GemmFp8Config& cfg, const Dev
   a.per_expert_div = FastDivisor(uint32_t(nblocks * a.split_k));
   a.split_k_div = FastDivisor(uint32_t(a.split_k));
   a.grid_div = FastDivisor(uint32_t(grid));
+  a.early_ids = p.early_ids;
+  a.early_routes = p.early_routes;
   launch_kernel(kernel, dim3(grid), dim3(kThreads), smem, stream, pdl, maps, a);
 }
 

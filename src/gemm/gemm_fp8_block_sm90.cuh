@@ -164,6 +164,12 @@ struct GemmFp8Params {
   // Optional: the experts with rows and their row ranges (DispatchParams::hit_list, written by the
   // kernel before): compact walks read them instead of scanning the offsets.
   const int4* hit_list = nullptr;
+  // Optional, with hit_list, for a compact gathering walk: the routes' early expert ids
+  // (DispatchParams::early_ids, early_routes = T * k <= kEarlyIdWords). The kernel spins on them
+  // before its PDL wait and builds its hit list from them, so its first weight loads need not wait
+  // for the kernel before to complete. That kernel must clear them before it lets this one launch.
+  const uint32_t* early_ids = nullptr;
+  int early_routes = 0;
   int experts = 0, n = 0, k = 0;
   CombineMode combine = CombineMode::atomic;
 };

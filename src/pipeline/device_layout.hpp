@@ -65,6 +65,15 @@ static_assert(fragment_word(0) == 0 && fragment_word(4) == 1 && fragment_word(8)
                   fragment_word(1) == 4 && fragment_word(16) == 16 && fragment_word(31) == 31,
               "quad lane q's words: steps 0-1 at 4q .. 4q + 3, steps 2-3 at 16 + 4q .. 16 + 4q + 3");
 
+// Early expert ids (the fused small-batch kernel, T * k <= kEarlyIdWords routes, one routing CTA):
+// word t * k + j is kEarlyIdValid | (id + 1) of route (t, j) (low bits 0: no expert), stored as
+// soon as token t is ranked. The same kernel clears the words after its PDL wait and before it lets
+// the GEMM launch, so the GEMM, which spins on them before its own PDL wait, sees this run's ids or
+// none: its weight loads then start while the layout and the quantised rows are still being written.
+inline constexpr int kEarlyIdWords = 32;
+inline constexpr uint32_t kEarlyIdValid = 1u << 31;
+inline constexpr uint32_t kEarlyIdMask = 0x3ffu;  // id + 1 <= 512
+
 // Floats a scale buffer of `groups` x `rows` needs in either layout.
 inline constexpr int64_t scale_floats(int64_t groups, int64_t rows) { return round_up(groups, 4) * rows; }
 

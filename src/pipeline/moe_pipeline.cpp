@@ -138,6 +138,7 @@ Plan plan(const Shape& s, const Routing& r, const Options& o) {
   L.y = carve(c, o.deterministic ? size_t(R) * size_t(N) * 4 : 0);
   L.gemm_queue = carve(c, 2 * sizeof(int32_t));  // the GEMM's dynamic unit queue (sorted rows)
   L.hit_list = carve(c, size_t(s.experts + 1) * 16);  // experts with rows, from the fused small kernel
+  L.early_ids = carve(c, size_t(kEarlyIdWords) * 4);  // ... and the routes' ids as soon as ranked
   L.token_masks = carve(c, size_t((T + 31) / 32) * size_t(s.experts) * 4);  // routing -> dispatch+quantise
   L.slice_counts = carve(c, dispatch_slice_count_bytes(T, s.topk, s.experts));  // multi-CTA dispatch
   // Expert bins: T slots per expert (ids are distinct per token, so no bin overflows).
@@ -306,6 +307,13 @@ void run_stages(const Plan& p, const Weights& w, const Inputs& in, void* output,
   // The fused small-batch kernel also lists the experts with rows for the GEMM's compact walk.
   int4* hit_list = chain.fused_route_dispatch ? at<int4>(workspace, L.hit_list) : nullptr;
   dp.hit_list = hit_list;
+  // ... and, for a few routes routed by one CTA, their early ids, on which the GEMM's weight loads
+  // start before its PDL wait. Only when that GEMM runs after it in this run: a GEMM launched
+  // alone would wait for ids nobody writes.
+  const bool early_ids = fused && do_route && do_gemm && int64_t(T) * k <= kEarlyIdWords &&
+                         route_dispatch_small_ctas(T) == 1 && gc.x_source == XSource::gather_by_token && !gc.dense &&
+                         !gc.rescale_promotion;
+  rp.early_ids = early_ids ? at<uint32_t>(workspace, L.early_ids) : nullptr;
   // Routing then dispatch+quantise: the routing kernel also writes the token masks the dispatch
   // would otherwise count from the ids (every word, every run: nothing to clear).
   uint32_t* token_masks = chain.token_masks ? at<uint32_t>(workspace, L.token_masks) : nullptr;
@@ -389,6 +397,8 @@ void run_stages(const Plan& p, const Weights& w, const Inputs& in, void* output,
   gp.combine = p.options.deterministic ? CombineMode::store : CombineMode::atomic;
   gp.work_queue = gc.dynamic ? gemm_queue : nullptr;
   gp.hit_list = hit_list;
+  gp.early_ids = rp.early_ids;
+  gp.early_routes = early_ids ? T * k : 0;
   if (chain.expert_bins) {
     gp.offsets = nullptr;
     gp.expert_counts = rp_bins.bin_counts;

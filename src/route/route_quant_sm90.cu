@@ -89,6 +89,7 @@ void launch_for_scoring(const RouteTopkParams& rp, const QuantGatherParams& qp, 
 
 void launch_route_quant(const RouteTopkParams& rp, const QuantGatherParams& qp, cudaStream_t stream, bool pdl) {
   check_route_topk(rp);
+  if (rp.early_ids) throw Error("route_quant: early expert ids are written by launch_route_dispatch_small only");
   check_quant_gather(qp);
   if (qp.route_row != nullptr || qp.tokens != rp.tokens)
     throw Error("route_quant: the quantisation must be token order over the routed tokens");

@@ -2,10 +2,13 @@
 // small-batch route+dispatch kernel. See route_topk_sm90.cu for the algorithm.
 #pragma once
 
+#include <cuda/atomic>
+
 #include <cmath>
 #include <cstdint>
 
 #include "common/chain_trace.cuh"
+#include "pipeline/device_layout.hpp"
 #include "ptx/prefetch.cuh"
 #include "route/route_topk_sm90.cuh"
 
@@ -412,6 +415,11 @@ __device__ __forceinline__ bool route_one_token(const RouteTopkParams& p, int64_
     float my_c = 0.0f;  // lane r < k: the (capped) logit of rank r
     rank_topk<V, kTwoBest>(key, c.v, topk, lane, my_id, my_c);
     if (token == 0 && lane == 0) LOOM_TRACE(kRankRanked);
+    // The GEMM's weight loads wait on the ids alone: publish them before the weights.
+    if (p.early_ids != nullptr && lane < topk)
+      cuda::atomic_ref<uint32_t, cuda::thread_scope_device>(p.early_ids[token * topk + lane])
+          .store(kEarlyIdValid | (my_id >= 0 && my_id < experts ? uint32_t(my_id + 1) : 0u),
+                 cuda::std::memory_order_relaxed);
     // Once, after the ranking: inside the loop the warp issued the exp of every round.
     const float mine = lane < topk ? softmax_mass(my_c, cmax) : 0.0f;
     // Renormalised: e / sum over the k chosen e (the full denominator cancels); a zero sum means

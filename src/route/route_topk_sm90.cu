@@ -148,6 +148,7 @@ void check_route_topk(const RouteTopkParams& p) {
 void launch_route_topk(const RouteTopkParams& p, cudaStream_t stream, bool pdl) {
   check_route_topk(p);
   if (p.bin_counts) throw Error("route_topk: expert bins are filled by launch_route_quant only");
+  if (p.early_ids) throw Error("route_topk: early expert ids are written by launch_route_dispatch_small only");
   if (p.tokens == 0) return;
 
   int slots = 1;  // per lane: ceil(E / 32) rounded up to a power of two

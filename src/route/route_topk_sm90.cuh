@@ -42,6 +42,9 @@ struct RouteTopkParams {
   // launch (launch_expert_bins_clear); tokens with a NaN logit are counted into status->nan_tokens,
   // and a route without room (impossible: ids are distinct per token and bin_stride >= T) into
   // status->dropped_routes.
+  // Optional [kEarlyIdWords] early expert ids (device_layout.hpp; launch_route_dispatch_small only,
+  // softmax, T * k <= kEarlyIdWords): token t's ids as soon as they are ranked, before its weights.
+  uint32_t* early_ids = nullptr;
   int32_t* bin_counts = nullptr;  // [E * kBinCountStride]
   int32_t* bin_token = nullptr;   // [E, bin_stride]
   float* bin_weight = nullptr;    // [E, bin_stride]

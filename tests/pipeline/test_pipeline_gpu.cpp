@@ -382,6 +382,57 @@ TEST(PipelineGpu, ExpertBinsRunAfterRunWithNanTokens) {
   }
 }
 
+// Small batches routed by the fused kernel publish their expert ids early, and the GEMM starts its
+// weight loads on them before its PDL wait. Runs queued back to back on one stream (each with its
+// own logits and output, the workspace 0xff at first) must each use their own ids, never the
+// previous run's; the words left after the last run are its ids.
+TEST(PipelineGpu, EarlyExpertIdsRunAfterRun) {
+  LOOM_REQUIRE_GPU();
+  LOOM_FRESH_SEED();
+  struct Small {
+    int64_t tokens, experts, topk;
+  };
+  for (const Small& sm : {Small{1, 256, 8}, Small{2, 64, 8}, Small{4, 256, 8}, Small{8, 64, 4}, Small{3, 16, 4},
+                          Small{2, 32, 16}}) {
+    SCOPED_TRACE(testing::Message() << "T=" << sm.tokens << " E=" << sm.experts << " k=" << sm.topk);
+    ASSERT_LE(sm.tokens * sm.topk, kEarlyIdWords);
+    Harness hs({sm.tokens, 512, 256, sm.experts, sm.topk, "random"}, seed);
+    ASSERT_TRUE(chain_for(hs.plan, sm.tokens, true).fused_route_dispatch);
+    // The plan's config is this batch's: the early ids serve a compact gathering walk.
+    ASSERT_NE(hs.plan.gemm_config.find("compact unit walk"), std::string::npos) << hs.plan.gemm_config;
+    ASSERT_NE(hs.plan.gemm_config.find("gathered by token"), std::string::npos) << hs.plan.gemm_config;
+    constexpr int kRuns = 12;
+    std::vector<Routes> routes;
+    std::vector<DeviceBuffer> logits, outs;
+    for (int r = 0; r < kRuns; ++r) {
+      routes.push_back(make_routes(hs.shape, hs.routing, parse_distribution("random"), seed + 100 + uint64_t(r)));
+      logits.push_back(DeviceBuffer::from(routes.back().logits));
+      outs.emplace_back(size_t(sm.tokens * 256) * 4);
+      LOOM_CUDA_CHECK(cudaMemset(outs.back().get(), 0xff, outs.back().bytes()));
+    }
+    cudaStream_t stream;
+    LOOM_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+    for (int r = 0; r < kRuns; ++r) {
+      Inputs in = hs.inputs();
+      in.router_logits = logits[size_t(r)].as<float>();
+      run(hs.plan, hs.device_weights(), in, outs[size_t(r)].get(), hs.ws.get(), stream);
+    }
+    LOOM_CUDA_CHECK(cudaStreamSynchronize(stream));
+    LOOM_CUDA_CHECK(cudaStreamDestroy(stream));
+    for (int r = 0; r < kRuns; ++r) {
+      SCOPED_TRACE(testing::Message() << "run " << r);
+      expect_close(outs[size_t(r)].to_host<float>(), layer_ref(hs.weights, hs.hidden.data(), routes[size_t(r)].topk).out,
+                   sm.tokens, 256);
+    }
+    std::vector<uint32_t> words(kEarlyIdWords);
+    LOOM_CUDA_CHECK(cudaMemcpy(words.data(), static_cast<uint8_t*>(hs.ws.get()) + hs.plan.layout.early_ids,
+                               words.size() * 4, cudaMemcpyDeviceToHost));
+    const TopK& last = routes.back().topk;
+    for (int64_t i = 0; i < sm.tokens * sm.topk; ++i)
+      EXPECT_EQ(words[size_t(i)], kEarlyIdValid | uint32_t(last.ids[size_t(i)] + 1)) << "route " << i;
+  }
+}
+
 TEST(PipelineGpu, PlanRejectsWhatTheGpuPathCannotRun) {
   LOOM_REQUIRE_GPU();
   auto message = [](const Shape& s) {
