@@ -70,7 +70,8 @@ __device__ __forceinline__ void route_dispatch_by_token_masks(const RouteTopkPar
   // The previous run's GEMM has completed (the wait): clear its ids before this run's GEMM can
   // start (below) and before this run's ids (after the barrier, so they land after the clear).
   if (early && warp == kEarlyWarp && lane < kEarlyIdWords)
-    cuda::atomic_ref<uint32_t, cuda::thread_scope_device>(rp.early_ids[lane]).store(0u, cuda::std::memory_order_relaxed);
+    cuda::atomic_ref<uint32_t, cuda::thread_scope_device>(rp.early_ids[lane])
+        .store(0u, cuda::std::memory_order_relaxed);
   // CTA 0's tables are cleared, and every CTA of the cluster runs (distributed shared memory may be
   // accessed only then).
   cg::cluster_group cluster = cg::this_cluster();

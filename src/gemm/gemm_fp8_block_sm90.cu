@@ -402,8 +402,9 @@ __device__ __forceinline__ void load_hit_list(S& s, const KernelArgs& a) {
 // route's word is this run's, then lists the distinct experts in ascending order with their first
 // sorted row (the routes to lower experts: the dispatch's offsets) and their rows, as the hit list
 // would. Before the PDL wait: nothing else the kernel before writes is read here. Short code on
-// purpose: it is inlined beside the producer's loop (the warm-up's end), where 400 instructions of
-// unrolled shuffles slowed every gathering batch's GEMM (T=32 GEMM alone 45.3 vs 43.0 us).
+// purpose: it is inlined beside the producer's loop (the warm-up's end); 400 instructions of
+// unrolled shuffles there slowed the gathering GEMM (T=32 GEMM alone 45.3 vs 43.0 us, measured
+// when one kernel served both walks).
 template <class S>
 __device__ __forceinline__ void read_early_ids(S& s, const KernelArgs& a) {
   static_assert(kEarlyIdWords <= 32 && kEarlyIdWords % 4 == 0, "a lane per route; keys read four at a time");
@@ -1383,8 +1384,8 @@ void launch_gemm_fp8(const GemmFp8Params& p, const GemmFp8Config& cfg, const Dev
     throw Error(std::string("fp8 GEMM: this config reads activation scales ") +
                 (cfg.handoff_epilogue ? "in row quads (sorted rows, hand-off epilogue)" : "group-major") +
                 "; GemmFp8Params::x_scale_layout says otherwise");
-  if (p.early_ids && (cfg.x_source != XSource::gather_by_token || cfg.dense || cfg.rescale_promotion || !p.hit_list || p.expert_counts || p.early_routes < 1 ||
-                      p.early_routes > kEarlyIdWords))
+  if (p.early_ids && (cfg.x_source != XSource::gather_by_token || cfg.dense || cfg.rescale_promotion ||
+                      !p.hit_list || p.expert_counts || p.early_routes < 1 || p.early_routes > kEarlyIdWords))
     throw Error("fp8 GEMM: early expert ids need a compact gathering walk with a hit list and 1 to " +
                 std::to_string(kEarlyIdWords) + " routes");
   if (p.experts > kMaxHitExperts) throw Error("fp8 GEMM: at most " + std::to_string(kMaxHitExperts) + " experts");
@@ -1455,7 +1456,8 @@ void launch_gemm_fp8(const GemmFp8Params& p, const GemmFp8Config& cfg, const Dev
   static constexpr Kernel kernels[6] = {
       gemm_fp8_block_kernel<false, false, Rows::gathered>, gemm_fp8_block_kernel<false, false, Rows::sorted>,
       gemm_fp8_block_kernel<false, true, Rows::sorted>,    gemm_fp8_block_kernel<true, false, Rows::any>,
-      gemm_fp8_block_kernel<false, false, Rows::binned>,   gemm_fp8_block_kernel<false, false, Rows::gathered, true>};
+      gemm_fp8_block_kernel<false, false, Rows::binned>,
+      gemm_fp8_block_kernel<false, false, Rows::gathered, true>};
   const int variant = cfg.rescale_promotion ? 3
                       : gather              ? (p.expert_counts ? 4 : p.early_ids ? 5 : 0)
                                             : (cfg.handoff_epilogue ? 2 : 1);

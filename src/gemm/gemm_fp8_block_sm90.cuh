@@ -165,7 +165,7 @@ struct GemmFp8Params {
   // kernel before): compact walks read them instead of scanning the offsets.
   const int4* hit_list = nullptr;
   // Optional, with hit_list, for a compact gathering walk: the routes' early expert ids
-  // (DispatchParams::early_ids, early_routes = T * k <= kEarlyIdWords). The kernel spins on them
+  // (RouteTopkParams::early_ids, early_routes = T * k <= kEarlyIdWords). The kernel spins on them
   // before its PDL wait and builds its hit list from them, so its first weight loads need not wait
   // for the kernel before to complete. That kernel must clear them before it lets this one launch.
   const uint32_t* early_ids = nullptr;

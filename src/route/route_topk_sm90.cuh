@@ -34,6 +34,9 @@ struct RouteTopkParams {
   // dispatch+quantise kernel's token masks, so it need not count the ids). Every word is written,
   // bits of tokens >= T are 0. The routing's ids are always distinct and in [0, E).
   uint32_t* token_masks = nullptr;
+  // Optional [kEarlyIdWords] early expert ids (device_layout.hpp; launch_route_dispatch_small only,
+  // softmax, T * k <= kEarlyIdWords): token t's ids as soon as they are ranked, before its weights.
+  uint32_t* early_ids = nullptr;
   // Optional expert bins, the register-loaded GEMM's rows without a dispatch kernel (launch_route_quant
   // only): lane j < k of token t appends the route to the bin of its expert e,
   //   slot = atomicAdd(bin_counts + e * kBinCountStride, 1); bin_token[e * bin_stride + slot] = t,
@@ -42,9 +45,6 @@ struct RouteTopkParams {
   // launch (launch_expert_bins_clear); tokens with a NaN logit are counted into status->nan_tokens,
   // and a route without room (impossible: ids are distinct per token and bin_stride >= T) into
   // status->dropped_routes.
-  // Optional [kEarlyIdWords] early expert ids (device_layout.hpp; launch_route_dispatch_small only,
-  // softmax, T * k <= kEarlyIdWords): token t's ids as soon as they are ranked, before its weights.
-  uint32_t* early_ids = nullptr;
   int32_t* bin_counts = nullptr;  // [E * kBinCountStride]
   int32_t* bin_token = nullptr;   // [E, bin_stride]
   float* bin_weight = nullptr;    // [E, bin_stride]
