@@ -164,7 +164,9 @@ std::string describe(const Plan& p) {
     << "kernels (GEMM gathering by token): route (warp per token) + quantise (1x128, bit-exact, token order) in one "
        "launch -> dispatch (counts, scan, stable rows; one CTA up to " << kSmallBatchMaxRoutes
     << " routes; for softmax up to " << kSmallBatchMaxTokens
-    << " tokens routing, dispatch and quantise are one launch, routed by a cluster of 4 CTAs above 8 tokens) -> GEMM; "
+    << " tokens routing, dispatch and quantise are one launch, routed by a cluster of 4 CTAs above 8 tokens; up to "
+    << kEarlyIdWords << " routes on one CTA it publishes each token's expert ids as ranked, and the GEMM starts its "
+       "weight loads on them before its PDL wait) -> GEMM; "
        "above " << kGatherMaxTokens << " tokens, below the wide tiles' start (at most " << kGatherBinsMaxRowsPerExpert
     << " routed rows per expert), from logits with the fast combine, a one-CTA counter clear -> route + quantise + "
        "append each route to its expert's bin -> GEMM walking (expert, weight block, chunk of <= "
