@@ -115,8 +115,9 @@ struct alignas(1024) Smem {
 
 struct Args {
   const uint8_t* x;       // [x_rows, K] token-order codes in fragment order
-  const float* x_scales;  // [K/128, x_rows]
+  const float* x_scales;  // [K/128, x_rows] (group-major) or [K/512, x_rows, 4] (row quads)
   int64_t x_rows;
+  int scales_in_quads;    // ScaleLayout::row_quads
   const float* weight_scales;
   const int32_t* offsets;
   const int32_t* counts;  // expert bins (GemmFp8Params::expert_counts) or nullptr: offsets
@@ -367,12 +368,18 @@ __global__ void __launch_bounds__(kThreads, 1)
         ptx::mbar_wait(&s.meta_full[mc.stage], mc.phase);
         const UnitMeta& m = s.meta[mc.stage];
         if (m.rows < 0) break;
+        // A row's scale of block kb: group-major at kb x_rows + token; in row quads at
+        // (kb / 4 x_rows + token) 4 + kb % 4, where the quad's other three blocks share its sector,
+        // which cp.async.ca keeps in L1 for the next three stages (the tile's tokens are scattered:
+        // group-major, every stage's scale is a sector of its own from L2).
+        const int tok_stride = a.scales_in_quads ? 4 : 1;
         int tok[Sh::kRows / 32];
 #pragma unroll
-        for (int i = 0; i < Sh::kRows / 32; ++i) tok[i] = m.token[lane + 32 * i];
+        for (int i = 0; i < Sh::kRows / 32; ++i) tok[i] = m.token[lane + 32 * i] * tok_stride;
         ptx::mbar_arrive(&s.meta_empty[mc.stage]);
         for (int kb = 0; kb < a.kblocks; ++kb) {
-          const float* src = a.x_scales + int64_t(kb) * a.x_rows;
+          const float* src = a.scales_in_quads ? a.x_scales + int64_t(kb / 4) * a.x_rows * 4 + kb % 4
+                                               : a.x_scales + int64_t(kb) * a.x_rows;
 #pragma unroll
           for (int j = 0; j < Sh::kBlocks; ++j) {  // a wide unit's two stages of a K block: the same scales
             ptx::mbar_wait(&s.empty[st.stage], st.phase ^ 1);
@@ -605,14 +612,15 @@ void launch_gemm_fp8_regs(const GemmFp8Params& p, const GemmFp8Config& cfg, cons
                 std::to_string(p.expert_stride));
   if (reinterpret_cast<uintptr_t>(p.x) % 16 || reinterpret_cast<uintptr_t>(p.x_scales) % 4)
     throw Error(who + "the activation rows must be 16-byte aligned");
-  if (p.x_scale_layout != ScaleLayout::group_major) throw Error(who + "reads group-major activation scales");
+
   if (cfg.split_k != 1 || cfg.balanced || cfg.handoff_epilogue || cfg.rescale_promotion || cfg.bulk_combine ||
       cfg.x_evict_first)
     throw Error(who + "takes none of split-K, balanced shares, the hand-off epilogue, the rescale promotion, the "
                       "bulk-combine option (its atomic combine is always by bulk reductions) or an activation "
                       "eviction hint: " + cfg.str());
   if (cfg.dynamic && !p.work_queue) throw Error(who + "the dynamic tail needs a work_queue");
-  Args a{p.x, p.x_scales, p.x_rows, p.weight_scales, p.offsets, p.expert_counts, p.expert_stride, p.row_token,
+  Args a{p.x, p.x_scales, p.x_rows, p.x_scale_layout == ScaleLayout::row_quads ? 1 : 0, p.weight_scales, p.offsets,
+         p.expert_counts, p.expert_stride, p.row_token,
          p.row_weight, p.out,
          p.experts, p.n, p.k, (p.n + kTileCols - 1) / kTileCols, p.k / kBlockK,
          p.combine == CombineMode::atomic ? 1 : 0, cfg.weights_evict_first ? 1 : 0, cfg.x_evict_last ? 1 : 0,

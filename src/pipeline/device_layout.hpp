@@ -9,9 +9,10 @@
 //                                                 slice_counts[ctas, E+1])
 //   quantize   hidden[T,H] bf16 -> x, x_scales in one of two layouts (GemmFp8Config::x_source):
 //                token order  x[T_pad,H] fp8, x_scales[ceil(H/128), T_pad]   (no route_row needed)
+//                             or, for the register-loaded GEMM, x_scales[ceil(H/512), T_pad, 4]
 //                sorted rows  x[R_pad,H] fp8, x_scales[ceil(H/128), R_pad]   (row route_row[t*k+j])
 //                             or, for the hand-off GEMM, x_scales[ceil(H/512), R_pad, 4]
-//                             (ScaleLayout::row_quads)
+//                (the [.., 4] layouts: ScaleLayout::row_quads)
 //              and zeroes out[T,N] (the fast combine accumulates into it)
 //   gemm       x, x_scales, offsets, row_token, row_weight, weights; gathers a sorted row's
 //              activations by row_token (token order) or reads them in place (sorted rows)

@@ -330,8 +330,11 @@ void run_stages(const Plan& p, const Weights& w, const Inputs& in, void* output,
   qp.padded_rows = x_rows;
   qp.a_sorted = at<uint8_t>(workspace, L.x);
   qp.a_scales = at<float>(workspace, L.x_scales);
-  // The hand-off GEMM reads the scales in row quads, which the sorted copy also writes faster.
-  qp.scale_layout = sorted && gc.handoff_epilogue ? ScaleLayout::row_quads : ScaleLayout::group_major;
+  // The hand-off GEMM reads the scales in row quads, which the sorted copy also writes faster; the
+  // register-loaded GEMM (token fragments) reads them so, a sector per row for four K blocks.
+  qp.scale_layout = (sorted && gc.handoff_epilogue) || gc.x_source == XSource::token_fragments
+                        ? ScaleLayout::row_quads
+                        : ScaleLayout::group_major;
   qp.fragment_order = gc.x_source == XSource::token_fragments;
   // The fast combine accumulates into the output: clear it here, ordered before the GEMM.
   qp.zero_out = p.options.deterministic ? nullptr : static_cast<float*>(output);

@@ -55,8 +55,6 @@ void check_quant_gather(const QuantGatherParams& p) {
   if (!p.route_row && p.padded_rows < p.tokens)
     throw Error(who + "token order needs padded_rows >= tokens, got " + std::to_string(p.padded_rows));
   if (!aligned16(p.hidden) || !aligned16(p.a_sorted)) throw Error(who + "hidden and a_sorted must be 16-byte aligned");
-  if (p.scale_layout == ScaleLayout::row_quads && !p.route_row)
-    throw Error(who + "the row-quad scale layout is for sorted rows (route_row) only");
   if (p.fragment_order && (p.route_row || p.hidden_dim % 128 != 0))
     throw Error(who + "the A-fragment code order is for token order with hidden_dim a multiple of 128");
   if (p.zero_out && (p.zero_cols < 0 || !aligned16(p.zero_out)))

@@ -25,7 +25,7 @@ struct QuantGatherParams {
   int64_t padded_rows = 0;             // rows of a_sorted and of a_scales' inner dimension (multiple of 4; >= T in token order)
   uint8_t* a_sorted = nullptr;         // [rows, H] fp8 e4m3 codes; row route_row[t*k+j] (or t) gets token t's codes
   float* a_scales = nullptr;           // scale_floats(ceil(H/128), R_pad) fp32, laid out as scale_layout says
-  ScaleLayout scale_layout = ScaleLayout::group_major;  // row_quads: sorted rows only
+  ScaleLayout scale_layout = ScaleLayout::group_major;  // row_quads: what the hand-off and register-loaded GEMMs read
   // Token order only, H a multiple of 128: each group's codes in the wgmma A-fragment order of
   // fragment_word (device_layout.hpp), for the GEMM that loads rows into registers.
   bool fragment_order = false;

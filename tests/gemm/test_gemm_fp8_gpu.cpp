@@ -49,11 +49,14 @@ void run_case(const GemmCase& c, CombineMode mode, uint64_t seed) {
   std::vector<float> ts(size_t(s.tokens * KB));
   quantize_1x128_ref(hidden.data(), s.tokens, K, tq.data(), ts.data());
   std::vector<uint8_t> x(size_t(Tp * K), 0x7f), a_sorted(size_t(Rp * K), 0x7f);
-  std::vector<float> x_scales(size_t(KB * Tp), NAN), a_scales(size_t(KB * Rp), NAN),
-      a_scale_quads(size_t(scale_floats(KB, Rp)), NAN);
+  std::vector<float> x_scales(size_t(KB * Tp), NAN), x_scale_quads(size_t(scale_floats(KB, Tp)), NAN),
+      a_scales(size_t(KB * Rp), NAN), a_scale_quads(size_t(scale_floats(KB, Rp)), NAN);
   std::copy(tq.begin(), tq.end(), x.begin());
   for (int64_t t = 0; t < s.tokens; ++t)
-    for (int64_t g = 0; g < KB; ++g) x_scales[size_t(g * Tp + t)] = ts[size_t(t * KB + g)];
+    for (int64_t g = 0; g < KB; ++g) {
+      x_scales[size_t(g * Tp + t)] = ts[size_t(t * KB + g)];
+      x_scale_quads[size_t(scale_index(ScaleLayout::row_quads, g, t, Tp))] = ts[size_t(t * KB + g)];
+    }
   std::vector<uint8_t> a_rows(size_t(R * K));
   std::vector<float> a_row_scales(size_t(R * KB));
   std::vector<int32_t> row_token(size_t(R), -1);
@@ -99,7 +102,8 @@ void run_case(const GemmCase& c, CombineMode mode, uint64_t seed) {
   std::vector<uint8_t> x_frag(x.size(), 0x7f);
   const bool frag_ok = K % 128 == 0 && K >= kRegsRing * 128 && K <= kRegsMaxK;  // what the register-loaded kernel takes
   if (frag_ok) to_fragment_order(x.data(), Tp, K, x_frag.data());
-  DeviceBuffer dx = DeviceBuffer::from(x), dxs = DeviceBuffer::from(x_scales), dxf = DeviceBuffer::from(x_frag);
+  DeviceBuffer dx = DeviceBuffer::from(x), dxs = DeviceBuffer::from(x_scales), dxf = DeviceBuffer::from(x_frag),
+               dxsq = DeviceBuffer::from(x_scale_quads);
   DeviceBuffer da = DeviceBuffer::from(a_sorted), das = DeviceBuffer::from(a_scales),
                dasq = DeviceBuffer::from(a_scale_quads);
   DeviceBuffer doff = DeviceBuffer::from(d.offsets), dtok = DeviceBuffer::from(row_token),
@@ -113,6 +117,7 @@ void run_case(const GemmCase& c, CombineMode mode, uint64_t seed) {
   hits.resize(size_t(s.experts + 1) * 4, -1);  // entries past the count: stale, never read
   DeviceBuffer dhits = DeviceBuffer::from(hits);
   bool with_hit_list = false;
+  bool frag_scale_quads = false;  // the register-loaded kernel reads either scale layout
   GemmFp8Params p;
   p.weights = dw.as<uint8_t>();
   p.weight_scales = dws.as<float>();
@@ -129,9 +134,11 @@ void run_case(const GemmCase& c, CombineMode mode, uint64_t seed) {
     const bool frag = cfg.x_source == XSource::token_fragments;
     const bool gather = cfg.x_source == XSource::gather_by_token || frag;
     p.x = frag ? dxf.as<uint8_t>() : gather ? dx.as<uint8_t>() : da.as<uint8_t>();
-    // Sorted rows under the hand-off epilogue read their scales in row quads.
-    p.x_scale_layout = cfg.handoff_epilogue ? ScaleLayout::row_quads : ScaleLayout::group_major;
-    p.x_scales = gather ? dxs.as<float>() : cfg.handoff_epilogue ? dasq.as<float>() : das.as<float>();
+    // Sorted rows under the hand-off epilogue read their scales in row quads; token fragments in
+    // either layout.
+    const bool quads = cfg.handoff_epilogue || (frag && frag_scale_quads);
+    p.x_scale_layout = quads ? ScaleLayout::row_quads : ScaleLayout::group_major;
+    p.x_scales = gather ? (quads ? dxsq.as<float>() : dxs.as<float>()) : quads ? dasq.as<float>() : das.as<float>();
     p.x_rows = gather ? Tp : Rp;
     // Atomic mode accumulates into zeros; store mode must overwrite every valid row (poison it).
     LOOM_CUDA_CHECK(cudaMemset(dout.get(), mode == CombineMode::atomic ? 0 : 0xff, dout.bytes()));
@@ -201,17 +208,19 @@ void run_case(const GemmCase& c, CombineMode mode, uint64_t seed) {
                                  << e.worst_row_index;
   }
   // Token rows on M, loaded into A-fragment registers (its own kernel), both tile shapes, with and
-  // without PDL, round robin and with the dynamic tail.
+  // without PDL, round robin and with the dynamic tail, scales group-major and in row quads.
   if (frag_ok)
     for (const bool wide : {false, true})
     for (const bool pdl : {false, true})
-    for (const bool dynamic : {false, true}) {
+    for (const bool dynamic : {false, true})
+    for (const bool quads : {false, true}) {
       if (wide && K % 256 != 0) continue;  // wide tiles take an even number of K blocks
       GemmFp8Config cfg;
       cfg.x_source = XSource::token_fragments;
       cfg.wide_tiles = wide;
       cfg.dynamic = dynamic;
-      SCOPED_TRACE(cfg.str());
+      frag_scale_quads = quads;
+      SCOPED_TRACE(cfg.str() + (quads ? ", scales in row quads" : ", scales group-major"));
       got = launch(cfg, pdl);
       const ErrorStats e = relative_error(got.data(), ref.data(), out_rows, N);
       EXPECT_LE(e.overall, 2e-3);
@@ -252,7 +261,8 @@ void run_case(const GemmCase& c, CombineMode mode, uint64_t seed) {
       cfg.x_source = XSource::token_fragments;
       cfg.wide_tiles = wide;
       cfg.dynamic = true;
-      SCOPED_TRACE(cfg.str() + ", expert bins");
+      frag_scale_quads = wide;  // both layouts, as the pipeline's token fragments take row quads
+      SCOPED_TRACE(cfg.str() + ", expert bins" + (wide ? ", scales in row quads" : ""));
       got = launch(cfg, true);
       const ErrorStats e = relative_error(got.data(), ref.data(), out_rows, N);
       EXPECT_LE(e.overall, 2e-3);

@@ -262,7 +262,7 @@ TEST(QuantGatherGpu, MatchesReferenceBitForBit) {
       c.dist = dists[n % 3];
       c.pdl = n % 2 == 0;
       c.token_order = n % 3 == 1;
-      if (!c.token_order && n % 4 >= 2) c.scale_layout = ScaleLayout::row_quads;
+      if (n % 4 >= 2) c.scale_layout = ScaleLayout::row_quads;
       // Token order with whole 128-groups: half in the A-fragment code order.
       if (c.token_order && H % 128 == 0 && n % 2 == 0) c.fragment_order = true;
       run_case(c, seed + uint64_t(n));
@@ -334,10 +334,6 @@ TEST(QuantGather, LauncherChecksShapes) {
   bad([](QuantGatherParams& q) {  // token order needs a row per token: 9 tokens, 8 rows
     q.route_row = nullptr;
     q.tokens = 9;
-  });
-  bad([](QuantGatherParams& q) {  // row quads are a sorted-rows layout
-    q.route_row = nullptr;
-    q.scale_layout = ScaleLayout::row_quads;
   });
   bad([](QuantGatherParams& q) { q.fragment_order = true; });  // fragment order is a token-order layout
   bad([](QuantGatherParams& q) {  // ... of whole 128-groups

@@ -37,12 +37,13 @@ std::vector<uint8_t> bytes_of(const DeviceBuffer& b) {
 }
 
 Result run_once(bool fused, const DeviceBuffer& logits, const DeviceBuffer& hidden, int T, int E, int k, int H,
-                const Routing& routing, int zero_cols) {
+                const Routing& routing, int zero_cols, ScaleLayout scale_layout) {
   const int64_t Tp = padded_rows(T);
   test::RouteOutputs r(T, k, 0x7f);
   test::QuantOutputs q(Tp, H, T, zero_cols, 0x7f);
   const RouteTopkParams rp = r.params(logits.as<float>(), T, E, k, routing);
-  const QuantGatherParams qp = q.params(hidden.as<uint16_t>(), nullptr, T, H, k);
+  QuantGatherParams qp = q.params(hidden.as<uint16_t>(), nullptr, T, H, k);
+  qp.scale_layout = scale_layout;
   Stream stream;
   if (fused) {
     launch_route_quant(rp, qp, stream.get(), true);
@@ -97,8 +98,10 @@ TEST(RouteQuantGpu, MatchesRouteThenTokenOrderQuantiseBitForBit) {
     const DeviceInputs in = make_inputs(rng, T, E, H);
     const DeviceBuffer &dl = in.logits, &dh = in.hidden;
     const Routing& routing = sig ? sigmoid : softmax;
-    const Result a = run_once(false, dl, dh, T, E, k, H, routing, 80);
-    const Result b = run_once(true, dl, dh, T, E, k, H, routing, 80);
+    // The large-T launch's scales in row quads too (what the register-loaded GEMM reads).
+    const ScaleLayout layout = T >= 1000 ? ScaleLayout::row_quads : ScaleLayout::group_major;
+    const Result a = run_once(false, dl, dh, T, E, k, H, routing, 80, layout);
+    const Result b = run_once(true, dl, dh, T, E, k, H, routing, 80, layout);
     EXPECT_EQ(a.ids, b.ids);
     EXPECT_EQ(a.weights, b.weights);
     EXPECT_EQ(a.flags, b.flags);
@@ -126,7 +129,7 @@ TEST(RouteQuantGpu, ExpertBinsHoldEveryRouteOnce) {
     const DeviceInputs in = make_inputs(rng, T, E, H);
     const DeviceBuffer &dl = in.logits, &dh = in.hidden;
     const Routing& routing = sig ? sigmoid : softmax;
-    const Result plain = run_once(true, dl, dh, T, E, k, H, routing, 80);
+    const Result plain = run_once(true, dl, dh, T, E, k, H, routing, 80, ScaleLayout::group_major);
 
     const int stride = T + 5;
     test::RouteOutputs r(T, k, 0x7f);
