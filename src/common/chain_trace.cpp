@@ -24,7 +24,9 @@ const char* event_name(int event) {
       "dispatch: start", "dispatch: waited", "dispatch: own routes counted", "dispatch: other slices added",
       "dispatch: scanned", "dispatch: rows assigned", "dispatch: end",
       "quantise: start", "quantise: waited", "quantise: end",
-      "gemm: start", "gemm: waited", "gemm: units known", "gemm: first unit's rows read", "gemm: first weight TMA issued",
+      "gemm: start", "gemm: waited", "gemm: units known", "gemm: producer role (registers released)",
+      "gemm: producer's first unit decoded",
+      "gemm: first unit's rows read", "gemm: first weight TMA issued",
       "gemm: a stage full (consumer 0)", "gemm: epilogue start (consumer 0)", "gemm: end", "gemm: SM"};
   return event >= 0 && event < kEventCount ? names[event] : "?";
 }

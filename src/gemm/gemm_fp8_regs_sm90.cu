@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <type_traits>
 
+#include "common/chain_trace.cuh"
 #include "common/cuda_check.hpp"
 #include "common/launch.hpp"
 #include "common/tensor_map.hpp"
@@ -213,6 +214,9 @@ template <class Reload>
 __device__ __forceinline__ float2 mma_block(Smem& s, float (&acc)[64], const RowBlock& rb, const StageCursor& st,
                                             int tile_row_a, int tile_row_b, const Reload& reload) {
   ptx::mbar_wait(&s.full[st.stage], st.phase);
+#ifdef LOOM_CHAIN_TRACE
+  if (threadIdx.x == 128 && st.stage == 0 && st.phase == 0) LOOM_TRACE(kGemmStageFull);  // its first lap
+#endif
   const float2 scales = make_float2(s.xs[st.stage][tile_row_a], s.xs[st.stage][tile_row_b]);
   const uint64_t desc_b = ptx::smem_desc_k_major_sw128(&s.w[st.stage][0]);
   // k32 step j's operand quad: row r's words (j, h = 0), row r + 8's, row r's (j, h = 1), row
@@ -253,6 +257,8 @@ __global__ void __launch_bounds__(kThreads, 1)
   extern __shared__ uint8_t smem_raw[];
   const uint32_t align_pad = (1024u - uint32_t(reinterpret_cast<uintptr_t>(smem_raw) % 1024u)) % 1024u;
   Smem& s = *reinterpret_cast<Smem*>(smem_raw + align_pad);
+  if (threadIdx.x == 0) LOOM_TRACE(kGemmStart);
+  if (threadIdx.x == 0) LOOM_TRACE_SM(kGemmSm);
   if (threadIdx.x == 0) {
     for (int i = 0; i < kStages; ++i) {
       ptx::mbar_init(&s.full[i], 1 + 32);  // the weight tile's arrive.expect_tx, warp 2's scale copies
@@ -272,7 +278,9 @@ __global__ void __launch_bounds__(kThreads, 1)
   }
   // Everything below reads what the dispatch and quantisation kernels wrote.
   ptx::pdl_wait();
+  if (threadIdx.x == 0) LOOM_TRACE(kGemmWaited);
   build_tile_starts<kWide>(s, a);  // its barriers also publish the mbarrier initialisation
+  if (threadIdx.x == 0) LOOM_TRACE(kGemmUnits);
   const int units = s.tile_start[a.experts] * unit_columns<kWide>(a);
   // Units below static_end go round robin; the rest come from the queue (none without one).
   const int static_end =
@@ -281,8 +289,10 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int warpgroup = threadIdx.x / 128;
   if (warpgroup == 0) {
     ptx::setmaxnreg_dec<kProducerRegs>();
+    if (threadIdx.x == 0) LOOM_TRACE(kGemmProducerRole);
     if (threadIdx.x == 0) {
       StageCursor st;
+      [[maybe_unused]] bool traced_first_tma = false;  // trace builds: the first TMA only
       const uint64_t evict_first = ptx::l2_policy_evict_first();
       // Round-robin units it decodes itself (no wait for the unit loader at the start); the queue's
       // units it reads from the loader's records, whose slots cannot be refilled before it has: a
@@ -300,6 +310,7 @@ __global__ void __launch_bounds__(kThreads, 1)
           if (m.rows < 0) break;
           unit = Unit{m.expert, 0, m.nb};
         }
+        if (!traced_first_tma) LOOM_TRACE(kGemmFirstDecoded);
         mc.advance();
         for (int kb = 0; kb < a.kblocks; ++kb)
 #pragma unroll
@@ -313,6 +324,8 @@ __global__ void __launch_bounds__(kThreads, 1)
               ptx::tma_load_2d_hint(s.w[st.stage], &weights_map, kb * kBlockK, w_row, &s.full[st.stage], evict_first);
             else
               ptx::tma_load_2d(s.w[st.stage], &weights_map, kb * kBlockK, w_row, &s.full[st.stage]);
+            if (st.stage == 0 && st.phase == 0 && !traced_first_tma) LOOM_TRACE(kGemmFirstTma);
+            traced_first_tma = true;
             st.advance();
           }
       }
@@ -341,6 +354,9 @@ __global__ void __launch_bounds__(kThreads, 1)
             const float* wscale2 = wscale + (unit.nb + 1 < a.nblocks ? a.kblocks : 0);
             for (int i = lane; i < a.kblocks; i += 32) m.wscale2[i] = __ldg(wscale2 + i);
           }
+#ifdef LOOM_CHAIN_TRACE
+          if (lane == 0 && u == int(blockIdx.x)) LOOM_TRACE(kGemmFirstRows);
+#endif
           if (lane == 0) {
             m.row0 = begin;
             m.rows = rows;
@@ -429,6 +445,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     constexpr int kRingT = kWide ? 2 : kRing;
     const int consumer = warpgroup - 1, lane = threadIdx.x % 32, q = lane % 4, wg_thread = threadIdx.x % 128;
     uint32_t out_phase = 0;  // atomic mode: the parity of this warpgroup's next staged block
+    [[maybe_unused]] bool traced_epilogue = false;  // trace builds
     const int row_a = 16 * (threadIdx.x / 32 % 4) + lane / 4, row_b = row_a + 8;  // in the warpgroup's 64
     StageCursor st;
     MetaCursor mc;
@@ -527,6 +544,10 @@ __global__ void __launch_bounds__(kThreads, 1)
         rot = (rot + a.kblocks) % kRingT;  // the next unit's block 0 went where this unit's block kblocks would
       }
 
+#ifdef LOOM_CHAIN_TRACE
+      if (threadIdx.x == 128 && !traced_epilogue) LOOM_TRACE(kGemmEpilogue);  // the first unit's K loop done
+      traced_epilogue = true;
+#endif
       if (a.atomic) {
         // Weighted outputs into this warpgroup's staging block (the tile's meta is read before its
         // slot is freed); the combine warp adds them into the token rows.
@@ -581,6 +602,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     }
   }
   ptx::pdl_launch_dependents();
+  if (threadIdx.x % 32 == 0) LOOM_TRACE(kGemmEnd);  // each warp's end (the combine warp's after its reductions)
 }
 
 }  // namespace

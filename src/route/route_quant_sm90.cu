@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <string>
 
+#include "common/chain_trace.cuh"
 #include "common/launch.hpp"
 #include "pipeline/device_layout.hpp"
 #include "ptx/pdl.cuh"
@@ -44,6 +45,10 @@ template <int V, bool kSigmoid>
 __global__ void __launch_bounds__(kThreads, 1) route_quant_kernel(const RouteTopkParams rp, const QuantGatherParams qp,
                                                                int route_ctas) {
   const int lane = int(threadIdx.x) & 31, warp = int(threadIdx.x) >> 5;
+  const bool routing_cta = int(blockIdx.x) < route_ctas;
+  if (threadIdx.x == 0) {
+    if (routing_cta) LOOM_TRACE(kRouteStart); else LOOM_TRACE(kQuantStart);
+  }
   if (int(blockIdx.x) < route_ctas) {
     const int64_t token = int64_t(blockIdx.x) * kWarpsPerCta + warp;
     if (token < rp.tokens) route_detail::prefetch_token_logits(rp, token, lane);
@@ -54,6 +59,9 @@ __global__ void __launch_bounds__(kThreads, 1) route_quant_kernel(const RouteTop
   // run's kernels.
   ptx::pdl_wait();
   ptx::pdl_launch_dependents();
+  if (threadIdx.x == 0) {
+    if (routing_cta) LOOM_TRACE(kRouteWaited); else LOOM_TRACE(kQuantWaited);
+  }
   if (int(blockIdx.x) < route_ctas) {
     const int64_t token = int64_t(blockIdx.x) * kWarpsPerCta + warp;
     int32_t id;
@@ -70,6 +78,12 @@ __global__ void __launch_bounds__(kThreads, 1) route_quant_kernel(const RouteTop
     const int64_t tid = block * kThreads + threadIdx.x, nth = blocks * kThreads;
     quant_detail::quant_token_order_body<kQuantPasses>(qp, uint64_t(tid) >> 5, uint64_t(nth) >> 5, tid, nth);
   }
+#ifdef LOOM_CHAIN_TRACE
+  __syncthreads();  // the CTA's end (trace builds only)
+  if (threadIdx.x == 0) {
+    if (routing_cta) LOOM_TRACE(kRouteEnd); else LOOM_TRACE(kQuantEnd);
+  }
+#endif
 }
 
 template <bool kSigmoid>

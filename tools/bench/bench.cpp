@@ -4,6 +4,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <functional>
 #include <memory>
 #include <ostream>
@@ -190,9 +191,13 @@ void trace_chain(int runs, const std::function<void(cudaStream_t)>& enqueue, Gpu
   std::vector<std::vector<double>> quantile[3];  // per event, per replay: the CTAs' 10th / 50th / 90th percentile
   for (auto& q : quantile) q.resize(trace::kEventCount);
   GemmLateness lateness;
+  // LOOM_TRACE_WARM_L2=1: no flush between the replays (what a warm L2 changes on the chain).
+  const char* warm_env = std::getenv("LOOM_TRACE_WARM_L2");
+  const bool warm_l2 = warm_env != nullptr && std::string(warm_env) == "1";
+  if (warm_l2) log << "  chain trace with a warm L2 (LOOM_TRACE_WARM_L2=1)\n";
   for (int r = 0; r < runs + 3; ++r) {  // the first three are warm-up
     trace::reset(st);
-    timer.flush_l2(st);
+    if (!warm_l2) timer.flush_l2(st);
     LOOM_CUDA_CHECK(cudaGraphLaunch(exec, st));
     LOOM_CUDA_CHECK(cudaStreamSynchronize(st));
     const trace::Stamps s = trace::read();
