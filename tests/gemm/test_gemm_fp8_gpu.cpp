@@ -374,6 +374,11 @@ TEST(GemmFp8Gpu, PartialBlocksAndWideShapes) {
   run_case({300, 320, 208, 8, 2, "concentrated"}, CombineMode::store, seed);
   run_case({300, 192, 80, 8, 2, "concentrated"}, CombineMode::atomic, seed);
   run_case({3, 7168, 4096, 64, 2, "random"}, CombineMode::atomic, seed);
+  // K of 3, 5 and 6 whole blocks for the register-loaded kernel: its row quads of scales end short
+  // (a unit's last quad of 3, 1 and 2 blocks), its ring rotates (3 and 5), 6 takes wide tiles too.
+  run_case({200, 384, 144, 8, 2, "random"}, CombineMode::atomic, seed);
+  run_case({150, 640, 208, 8, 2, "concentrated"}, CombineMode::atomic, seed);
+  run_case({150, 768, 80, 8, 2, "random"}, CombineMode::store, seed);
 }
 
 }  // namespace
