@@ -1174,10 +1174,7 @@ std::string GemmFp8Config::str() const {
            ", the rows loaded by token into A-fragment registers, 4 weight TMA stages, persistent grid, combine by "
            "bulk reductions from a shared-memory stage (atomic) or stores from registers (store)" +
            (weights_evict_first ? ", weights L2 evict-first" : "") +
-           (x_evict_last ? ", activation rows L2 evict-last" : "") +
-           (first_tiles_first ? ", every expert's first row tile first (the first unit's weights requested before "
-                                "the PDL wait)"
-                              : "");
+           (x_evict_last ? ", activation rows L2 evict-last" : "");
   return "fp8 grouped GEMM: units of 128 weight rows x all of an expert's rows in {16..128}-wide chunks, " +
          std::to_string(stages) + " TMA stages, persistent grid, " +
          (dense ? std::string("dense unit walk") + (prefetch ? " + L2 prefetch before the PDL wait" : "")
@@ -1315,12 +1312,6 @@ GemmFp8Config choose_gemm_fp8_config(int64_t tokens, int64_t topk, int64_t exper
     // about 56 half the experts spill into a second, nearly empty tile, and 128 x 128 tiles win (the
     // figures above: 48 rows 106.1 wide vs 109.5 tall, 56 rows 116.5 vs 114.9 us).
     c.wide_tiles = rows_per_expert < kTokenFragmentsMinRowsPerExpert;
-    // Every expert's first tile first while most experts' rows fit one tile (the mean at most 0.8 of
-    // a tile): otherwise an expert's further tiles would come a whole round after its first, and
-    // its weights would no longer be in L2. Measured e2e, on vs off (one build, a temporary switch,
-    // x3 in one call; thirty-fifth session): T=1536 / 2048 / 2560 / 3072 87.4-87.5 / 96.5-96.7 /
-    // 106.1-106.3 / 110.9-111.0 vs 89.1-89.3 / 98.1-98.5 / 108.3-108.5 / 111.8-112.4 us.
-    c.first_tiles_first = rows_per_expert <= 0.8 * (c.wide_tiles ? 64 : kRegsTileRows);
     // Dynamic tail, as for sorted rows. Measured e2e, with vs round robin (one build, environment
     // switch, x3 in one call; eighteenth session): T=1024 / 2048 / 4096 / 8192 84.6-84.8 /
     // 98.4-98.6 / 143.8-143.9 / 249.6-251.6 vs 84.4-84.6 / 98.4-98.6 / 148.6-148.8 / 257.4-258.0 us.

@@ -115,11 +115,6 @@ struct GemmFp8Config {
   // rows) instead of 128 x 128, for experts of about 64 rows (gemm_fp8_regs_sm90.cu); K a multiple
   // of 256.
   bool wide_tiles = false;
-  // Token fragments only: the walk takes every expert's first row tile, in expert order, before any
-  // expert's further tiles (an expert without rows gets an empty one), so a CTA's first unit is
-  // known before the PDL wait: its first weight stages are requested before the wait, and from
-  // expert bins its rows are read right after it. For batches whose experts mostly fit one tile.
-  bool first_tiles_first = false;
   // Gathered rows (XSource::gather_by_token), fast combine: the kernel that holds an expert's token
   // rows in shared memory over all of K while its weights stream past them, weight rows on M
   // (gemm_fp8_resident_sm90.cuh). With dynamic, units past the first round come from work_queue.

@@ -112,7 +112,6 @@ struct alignas(1024) Smem {
   uint64_t meta_full[kMetaSlots];   // the loader warp's 32 lanes, after their stores
   uint64_t meta_empty[kMetaSlots];  // every consumer thread and warp 2's lanes, after their last read of the unit
   uint32_t zero_word;  // 0: see mma_block
-  int32_t pre_issued;  // first tiles first: the first unit's stages requested before the PDL wait
 };
 
 struct Args {
@@ -132,7 +131,6 @@ struct Args {
   int weights_evict_first;  // GemmFp8Config::weights_evict_first
   int x_evict_last;         // GemmFp8Config::x_evict_last
   int32_t* queue;           // dynamic tail (GemmFp8Config::dynamic): two words, zero at launch; nullptr: round robin
-  int first_tiles_first;    // GemmFp8Config::first_tiles_first
 };
 
 // Dynamic tail: round robin up to the last kDynamicRounds rounds' worth of units, which CTAs then
@@ -155,21 +153,15 @@ __device__ __forceinline__ int unit_columns(const Args& a) {  // units per row t
 template <bool kWide>
 __device__ __forceinline__ Unit decode(const Smem& s, const Args& a, int u) {
   const int cols = unit_columns<kWide>(a);
-  const int tile = u / cols, nb = (u - tile * cols) * Shape<kWide>::kBlocks;
-  // First tiles first: tile e < E is expert e's first; tile E + x is the x-th of the experts'
-  // further tiles (expert e has tile_start[e + 1] - tile_start[e] - 1 of them: at least one tile
-  // each), so those before expert e number tile_start[e] - e.
-  const bool later = a.first_tiles_first && tile >= a.experts;
-  if (a.first_tiles_first && !later) return Unit{tile, 0, nb};
-  const int x = later ? tile - a.experts : tile;
-  // The last expert whose first (further) tile is at or before x (experts without any share their
-  // start with the next one, so the last of them is the one with tiles).
+  const int tile = u / cols;
+  // The last expert whose first tile is at or before `tile` (experts without rows share their
+  // start with the next one, so the last of them is the one with rows).
   int lo = 0, hi = a.experts - 1;
   while (lo < hi) {
     const int mid = (lo + hi + 1) / 2;
-    if (s.tile_start[mid] - (later ? mid : 0) <= x) lo = mid; else hi = mid - 1;
+    if (s.tile_start[mid] <= tile) lo = mid; else hi = mid - 1;
   }
-  return Unit{lo, x - (s.tile_start[lo] - (later ? lo : 0)) + (later ? 1 : 0), nb};
+  return Unit{lo, tile - s.tile_start[lo], (u - tile * cols) * Shape<kWide>::kBlocks};
 }
 
 // tile_start from the offsets or bin counts: ceil(rows / tile rows) tiles per expert, an exclusive
@@ -180,8 +172,7 @@ __device__ __forceinline__ void build_tile_starts(Smem& s, const Args& a) {
   for (int e = threadIdx.x; e < a.experts; e += blockDim.x) {
     const int begin = a.counts ? e * a.stride : __ldcg(a.offsets + e);
     const int rows = a.counts ? min(__ldcg(a.counts + e * kBinCountStride), a.stride) : __ldcg(a.offsets + e + 1) - begin;
-    // First tiles first: an expert without rows has an (empty) first tile too.
-    s.tile_start[e + 1] = max((rows + kRows - 1) / kRows, a.first_tiles_first ? 1 : 0);
+    s.tile_start[e + 1] = (rows + kRows - 1) / kRows;
     s.expert_row[e] = begin;
     s.expert_end[e] = begin + rows;
   }
@@ -251,34 +242,6 @@ __device__ __forceinline__ float2 mma_block(Smem& s, float (&acc)[64], const Row
   return scales;
 }
 
-// Requests K block kb's weight tile j (of the unit's Shape::kBlocks) into ring stage `stage`.
-template <bool kWide>
-__device__ __forceinline__ void issue_weight_stage(Smem& s, const CUtensorMap& weights_map, const Args& a,
-                                                   const Unit& unit, int kb, int j, uint32_t stage) {
-  // A wide unit past the last weight block (an odd number of them) loads the last one again: the
-  // warpgroup that takes it drops every output (columns >= N).
-  const int w_row = unit.expert * a.n + min(unit.nb + j, a.nblocks - 1) * kTileCols;
-  ptx::mbar_arrive_expect_tx(&s.full[stage], kWTileBytes);
-  if (a.weights_evict_first)
-    ptx::tma_load_2d_hint(s.w[stage], &weights_map, kb * kBlockK, w_row, &s.full[stage], ptx::l2_policy_evict_first());
-  else
-    ptx::tma_load_2d(s.w[stage], &weights_map, kb * kBlockK, w_row, &s.full[stage]);
-}
-
-// First tiles first, from expert bins: warp 1 copies the first unit's bin slots (expert e's first
-// kTileRows, or its whole bin if shorter) into meta slot 0 by cp.async right after the PDL wait,
-// before the unit walk is built; the unit loader then waits for them and clears the slots past the
-// bin's count (stale values) to token 0 and weight 0. Shared memory rather than registers: held
-// across the role branch, registers made ptxas spill into the consumers' loop.
-__device__ __forceinline__ void request_first_rows(Smem& s, const Args& a, int expert, int lane) {
-  for (int i = lane; i < kTileRows && i < a.stride; i += 32) {
-    const int64_t slot = int64_t(expert) * a.stride + i;
-    ptx::cp_async_4_zfill(ptx::smem_u32(&s.meta[0].token[i]), a.row_token + slot, 4u);
-    ptx::cp_async_4_zfill(ptx::smem_u32(&s.meta[0].weight[i]), a.row_weight + slot, 4u);
-  }
-  ptx::cp_async_commit();
-}
-
 // Passes over a ring stage another warpgroup computes on: waits for it to fill (so this arrival
 // counts in the phase it belongs to) and frees this warp's share.
 __device__ __forceinline__ void pass_stage(Smem& s, const StageCursor& st) {
@@ -313,29 +276,9 @@ __global__ void __launch_bounds__(kThreads, 1)
     s.zero_word = 0;
     ptx::prefetch_tensormap(&weights_map);
   }
-  // First tiles first: the CTA's first unit (round robin: unit blockIdx.x) is expert b / cols's
-  // first tile, whatever the routes; its first weight stages (the ring is empty) are requested
-  // here, before the wait (the weights are no earlier kernel's output), by the thread that
-  // initialised the barriers. The producer's loop then skips them.
-  const int cols = unit_columns<kWide>(a);
-  const bool first_known = a.first_tiles_first && int(blockIdx.x) < a.experts * cols;
-  if (threadIdx.x == 0) {
-    int stages = 0;
-    if (first_known) {
-      const Unit first{int(blockIdx.x) / cols, 0, (int(blockIdx.x) % cols) * Sh::kBlocks};
-      for (int kb = 0; kb < a.kblocks && stages < kStages; ++kb)
-        for (int j = 0; j < Sh::kBlocks && stages < kStages; ++j, ++stages)
-          issue_weight_stage<kWide>(s, weights_map, a, first, kb, j, uint32_t(stages));
-    }
-    s.pre_issued = stages;  // read by the producer after build_tile_starts' barriers
-  }
   // Everything below reads what the dispatch and quantisation kernels wrote.
   ptx::pdl_wait();
   if (threadIdx.x == 0) LOOM_TRACE(kGemmWaited);
-  // Warp 1, from expert bins: the first unit's bin slots (tokens, weights), requested now (beside
-  // the counts build_tile_starts reads) rather than after the unit walk is built.
-  if (threadIdx.x / 32 == 1 && first_known && a.counts != nullptr)
-    request_first_rows(s, a, int(blockIdx.x) / cols, int(threadIdx.x % 32));
   build_tile_starts<kWide>(s, a);  // its barriers also publish the mbarrier initialisation
   if (threadIdx.x == 0) LOOM_TRACE(kGemmUnits);
   const int units = s.tile_start[a.experts] * unit_columns<kWide>(a);
@@ -349,8 +292,8 @@ __global__ void __launch_bounds__(kThreads, 1)
     if (threadIdx.x == 0) LOOM_TRACE(kGemmProducerRole);
     if (threadIdx.x == 0) {
       StageCursor st;
-      int pre_issued = s.pre_issued;  // the first unit's stages requested before the PDL wait
       [[maybe_unused]] bool traced_first_tma = false;  // trace builds: the first TMA only
+      const uint64_t evict_first = ptx::l2_policy_evict_first();
       // Round-robin units it decodes itself (no wait for the unit loader at the start); the queue's
       // units it reads from the loader's records, whose slots cannot be refilled before it has: a
       // record is freed only once the consumers have taken every stage of its unit.
@@ -369,22 +312,18 @@ __global__ void __launch_bounds__(kThreads, 1)
         }
         if (!traced_first_tma) LOOM_TRACE(kGemmFirstDecoded);
         mc.advance();
-        // An empty unit (first tiles first: an expert without rows) loads no weights: its stages
-        // complete on the arrivals alone (the consumers pass over them).
-        const bool no_rows = a.first_tiles_first && s.expert_end[unit.expert] == s.expert_row[unit.expert];
         for (int kb = 0; kb < a.kblocks; ++kb)
 #pragma unroll
           for (int j = 0; j < Sh::kBlocks; ++j) {
-            if (pre_issued > 0) {  // requested before the PDL wait
-              --pre_issued;
-              st.advance();
-              continue;
-            }
+            // A wide unit past the last weight block (an odd number of them) loads the last one
+            // again: the warpgroup that takes it drops every output (columns >= N).
+            const int w_row = unit.expert * a.n + min(unit.nb + j, a.nblocks - 1) * kTileCols;
             ptx::mbar_wait(&s.empty[st.stage], st.phase ^ 1);
-            if (no_rows)
-              ptx::mbar_arrive(&s.full[st.stage]);
+            ptx::mbar_arrive_expect_tx(&s.full[st.stage], kWTileBytes);
+            if (a.weights_evict_first)
+              ptx::tma_load_2d_hint(s.w[st.stage], &weights_map, kb * kBlockK, w_row, &s.full[st.stage], evict_first);
             else
-              issue_weight_stage<kWide>(s, weights_map, a, unit, kb, j, st.stage);
+              ptx::tma_load_2d(s.w[st.stage], &weights_map, kb * kBlockK, w_row, &s.full[st.stage]);
             if (st.stage == 0 && st.phase == 0 && !traced_first_tma) LOOM_TRACE(kGemmFirstTma);
             traced_first_tma = true;
             st.advance();
@@ -395,10 +334,6 @@ __global__ void __launch_bounds__(kThreads, 1)
       // walks the units, fetching each queue index one unit ahead so that the atomic's round trip
       // hides behind the current unit.
       const int lane = threadIdx.x % 32;
-      // Whether the next unit's slots are in meta slot 0 already: the first unit's, if requested.
-      // (Recomputed here, not kept from above: a flag live across the role branch made ptxas spill.)
-      bool rows_copied =
-          a.first_tiles_first && a.counts != nullptr && int(blockIdx.x) < a.experts * unit_columns<kWide>(a);
       MetaCursor mc;
       for (int u = blockIdx.x;;) {
         ptx::mbar_wait(&s.meta_empty[mc.stage], mc.phase ^ 1);
@@ -409,11 +344,7 @@ __global__ void __launch_bounds__(kThreads, 1)
           const Unit unit = decode<kWide>(s, a, u);
           const int begin = s.expert_row[unit.expert] + unit.tile * Sh::kRows;
           const int rows = min(Sh::kRows, s.expert_end[unit.expert] - begin);
-          // The first unit's slots may be in meta slot 0 already (request_first_rows): then only
-          // those past the rows are written (this lane's copies landed first).
-          if (rows_copied) ptx::cp_async_wait<0>();
           for (int i = lane; i < kTileRows; i += 32) {
-            if (rows_copied && i < rows) continue;
             m.token[i] = i < rows ? __ldcg(a.row_token + begin + i) : 0;
             m.weight[i] = i < rows ? __ldcg(a.row_weight + begin + i) : 0.0f;
           }
@@ -435,7 +366,6 @@ __global__ void __launch_bounds__(kThreads, 1)
         }
         ptx::mbar_arrive(&s.meta_full[mc.stage]);  // release: this lane's stores
         mc.advance();
-        rows_copied = false;
         if (u >= units) break;
         if (u + int(gridDim.x) < static_end) {
           u += gridDim.x;
@@ -510,7 +440,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     // of K blocks, so it never rotates. ptxas reports a small spill in it since the loop took its
     // rotating form (then 6 bytes stored, ~44-48 loaded); measured harmless: T=1280 / 1536 / 1792
     // e2e equal to the earlier loop's within 0.1-0.3 us (docs/perf.md, thirteenth session). The
-    // current build reports 8 / 56 bytes here and 8 / 8 in the tall kernel, whose one spill pair
+    // current build reports 14 / 60 bytes here and 8 / 8 in the tall kernel, whose one spill pair
     // sits in the unit loader warp (40 registers), not in the K loop (SASS, twenty-fifth session).
     constexpr int kRingT = kWide ? 2 : kRing;
     const int consumer = warpgroup - 1, lane = threadIdx.x % 32, q = lane % 4, wg_thread = threadIdx.x % 128;
@@ -716,7 +646,7 @@ void launch_gemm_fp8_regs(const GemmFp8Params& p, const GemmFp8Config& cfg, cons
          p.row_weight, p.out,
          p.experts, p.n, p.k, (p.n + kTileCols - 1) / kTileCols, p.k / kBlockK,
          p.combine == CombineMode::atomic ? 1 : 0, cfg.weights_evict_first ? 1 : 0, cfg.x_evict_last ? 1 : 0,
-         cfg.dynamic ? p.work_queue : nullptr, cfg.first_tiles_first ? 1 : 0};
+         cfg.dynamic ? p.work_queue : nullptr};
   // L2 fetches exactly the 128-byte line of each box row it misses on: widened to 256 bytes (the
   // usual promotion) the weight stream ran 8 % slower (`loom stream-probe`: 70.4 vs 65.1 us over
   // the preset's 256 MiB; e2e T=1024 / 2048 / 4096 82.0 / 95.0 / 139.3 vs 86.0 / 97.2 / 142.4 us;

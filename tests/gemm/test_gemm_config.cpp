@@ -45,18 +45,6 @@ TEST(GemmFp8Config, TokenFragmentRangesAndWideTiles) {
   }
 }
 
-// Every expert's first row tile first while the mean rows per expert fill at most 0.8 of a tile:
-// 51.2 rows of a wide tile's 64, 102.4 of a tall tile's 128 (T = 32 x rows on the preset).
-TEST(GemmFp8Config, FirstTilesFirstWhileMostExpertsFitOneTile) {
-  for (const auto& [tokens, first] :
-       {std::pair{1536, true}, std::pair{1638, true}, std::pair{1639, false}, std::pair{1664, true},
-        std::pair{2048, true}, std::pair{3276, true}, std::pair{3277, false}, std::pair{8192, false}}) {
-    const GemmFp8Config cfg = choose_gemm_fp8_config(tokens, 8, 256, 512, 2048, false, h200_like());
-    ASSERT_EQ(cfg.x_source, XSource::token_fragments) << tokens;
-    EXPECT_EQ(cfg.first_tiles_first, first) << "T=" << tokens << ": " << cfg.str();
-  }
-}
-
 // Routes in expert bins (from logits, fast combine): batches above kGatherMaxTokens gather by token
 // while experts have at most kGatherBinsMaxRowsPerExpert rows (24 on the preset: T = 768), with no
 // split-K (the chunk walk takes none), and in the resident-rows kernel where nearly every expert has

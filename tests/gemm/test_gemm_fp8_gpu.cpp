@@ -208,20 +208,17 @@ void run_case(const GemmCase& c, CombineMode mode, uint64_t seed) {
                                  << e.worst_row_index;
   }
   // Token rows on M, loaded into A-fragment registers (its own kernel), both tile shapes, with and
-  // without PDL, round robin and with the dynamic tail, scales group-major and in row quads, in
-  // either walk order.
+  // without PDL, round robin and with the dynamic tail, scales group-major and in row quads.
   if (frag_ok)
     for (const bool wide : {false, true})
     for (const bool pdl : {false, true})
     for (const bool dynamic : {false, true})
-    for (const bool quads : {false, true})
-    for (const bool first_tiles_first : {false, true}) {
+    for (const bool quads : {false, true}) {
       if (wide && K % 256 != 0) continue;  // wide tiles take an even number of K blocks
       GemmFp8Config cfg;
       cfg.x_source = XSource::token_fragments;
       cfg.wide_tiles = wide;
       cfg.dynamic = dynamic;
-      cfg.first_tiles_first = first_tiles_first;
       frag_scale_quads = quads;
       SCOPED_TRACE(cfg.str() + (quads ? ", scales in row quads" : ", scales group-major"));
       got = launch(cfg, pdl);
@@ -258,15 +255,12 @@ void run_case(const GemmCase& c, CombineMode mode, uint64_t seed) {
     p.expert_stride = stride;
     p.row_token = dbtok.as<int32_t>();
     p.row_weight = dbwt.as<float>();
-    for (const bool wide : {false, true})
-    for (const bool first_tiles_first : {false, true}) {
+    for (const bool wide : {false, true}) {
       if (!frag_ok || (wide && K % 256 != 0)) continue;
       GemmFp8Config cfg;
       cfg.x_source = XSource::token_fragments;
       cfg.wide_tiles = wide;
       cfg.dynamic = true;
-      // From bins, the first tiles first also read the first unit's rows right after the wait.
-      cfg.first_tiles_first = first_tiles_first;
       frag_scale_quads = wide;  // both layouts, as the pipeline's token fragments take row quads
       SCOPED_TRACE(cfg.str() + ", expert bins" + (wide ? ", scales in row quads" : ""));
       got = launch(cfg, true);
