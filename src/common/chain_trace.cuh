@@ -25,7 +25,8 @@ enum Event : int {
   kDqStart, kDqEarlyDone, kDqWaited, kDqCounted, kDqLayout, kDqScattered, kDqEnd,
   kDispatchStart, kDispatchWaited, kDispatchCounted, kDispatchSlices, kDispatchScanned, kDispatchScattered,
   kDispatchEnd, kQuantStart, kQuantWaited, kQuantEnd,
-  kGemmStart, kGemmWaited, kGemmUnits, kGemmProducerRole, kGemmFirstDecoded, kGemmFirstRows, kGemmFirstTma, kGemmStageFull, kGemmEpilogue, kGemmEnd, kGemmSm,
+  kGemmStart, kGemmWaited, kGemmUnits, kGemmProducerRole, kGemmFirstDecoded, kGemmFirstRows, kGemmFirstTma,
+  kGemmStageFull, kGemmEpilogue, kGemmEnd, kGemmSm,
   kEventCount
 };
 const char* event_name(int event);

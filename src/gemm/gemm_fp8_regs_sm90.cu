@@ -215,7 +215,8 @@ __device__ __forceinline__ float2 mma_block(Smem& s, float (&acc)[64], const Row
                                             int tile_row_a, int tile_row_b, const Reload& reload) {
   ptx::mbar_wait(&s.full[st.stage], st.phase);
 #ifdef LOOM_CHAIN_TRACE
-  if (threadIdx.x == 128 && st.stage == 0 && st.phase == 0) LOOM_TRACE(kGemmStageFull);  // its first lap
+  // Stage 0 in phase 0: its first fill (and every second lap's; the trace reads the first stamp).
+  if (threadIdx.x == 128 && st.stage == 0 && st.phase == 0) LOOM_TRACE(kGemmStageFull);
 #endif
   const float2 scales = make_float2(s.xs[st.stage][tile_row_a], s.xs[st.stage][tile_row_b]);
   const uint64_t desc_b = ptx::smem_desc_k_major_sw128(&s.w[st.stage][0]);
@@ -634,7 +635,6 @@ void launch_gemm_fp8_regs(const GemmFp8Params& p, const GemmFp8Config& cfg, cons
                 std::to_string(p.expert_stride));
   if (reinterpret_cast<uintptr_t>(p.x) % 16 || reinterpret_cast<uintptr_t>(p.x_scales) % 4)
     throw Error(who + "the activation rows must be 16-byte aligned");
-
   if (cfg.split_k != 1 || cfg.balanced || cfg.handoff_epilogue || cfg.rescale_promotion || cfg.bulk_combine ||
       cfg.x_evict_first)
     throw Error(who + "takes none of split-K, balanced shares, the hand-off epilogue, the rescale promotion, the "
