@@ -49,7 +49,7 @@ __global__ void __launch_bounds__(kThreads, 1) route_quant_kernel(const RouteTop
   if (threadIdx.x == 0) {
     if (routing_cta) LOOM_TRACE(kRouteStart); else LOOM_TRACE(kQuantStart);
   }
-  if (int(blockIdx.x) < route_ctas) {
+  if (routing_cta) {
     const int64_t token = int64_t(blockIdx.x) * kWarpsPerCta + warp;
     if (token < rp.tokens) route_detail::prefetch_token_logits(rp, token, lane);
   } else {
@@ -62,7 +62,7 @@ __global__ void __launch_bounds__(kThreads, 1) route_quant_kernel(const RouteTop
   if (threadIdx.x == 0) {
     if (routing_cta) LOOM_TRACE(kRouteWaited); else LOOM_TRACE(kQuantWaited);
   }
-  if (int(blockIdx.x) < route_ctas) {
+  if (routing_cta) {
     const int64_t token = int64_t(blockIdx.x) * kWarpsPerCta + warp;
     int32_t id;
     float weight;
