@@ -3,6 +3,7 @@
 #include <cuda.h>
 
 #include <algorithm>
+#include <cstdio>
 #include <type_traits>
 
 #include "common/chain_trace.cuh"
@@ -14,6 +15,7 @@
 #include "gemm/ring_cursor.cuh"
 #include "gemm/work_queue.cuh"
 #include "pipeline/device_layout.hpp"
+#include "ptx/clock.cuh"
 #include "ptx/cp_async.cuh"
 #include "ptx/load.cuh"
 #include "ptx/mbarrier.cuh"
@@ -26,6 +28,50 @@
 namespace loom {
 
 namespace {
+
+// Phase profile (builds with -DLOOM_PHASE_PROFILE=ON only; `loom bench --phase-profile N`): cycle
+// sums per phase, added up over every CTA of the profiled launches. Rows of g_phase: consumer
+// warpgroups 0 and 1 (their thread 0), then the weight producer (thread 0) and the combine warp
+// (lane 0). Elsewhere the macros are empty and the kernel is the production one.
+enum Phase : int {
+  kPhCtas,                 // CTA launches profiled (producer row)
+  kPhTotal,                // cycles from the role's start to its end
+  kPhUnits, kPhIdleUnits,  // units with rows of this warpgroup / without (stages passed)
+  kPhUnitStart,            // a unit's start: the next unit's record, the ring's loads for it
+  kPhKLoop,                // the unit's K loop, start to last promotion
+  kPhKLoopTall, kPhUnitsTall,  // ... of units of more than 64 rows (both warpgroups compute)
+  kPhEpilogue,             // the unit's end: staging for the combine (or the stores)
+  kPhOutWait,              // ... of which the wait for the staging block to be free
+  kPhIdle,                 // units without rows, passed
+  kPhFullWait,             // K block: the stage's full barrier
+  kPhFragments,            // ... the A fragments regrouped (waits for their loads)
+  kPhMmaIssue,             // ... the four MMAs issued and committed
+  kPhReload,               // ... the ring slot's reload issued
+  kPhMmaWait,              // ... the MMAs' completion
+  kPhPromote,              // ... the promotion into the final accumulator
+  kPhEmptyWait,            // producer: waits for a free stage
+  kPhStages,               // producer: stages issued
+  kPhCombineWait,          // combine warp: waits for a staged block
+  kPhCombineRead,          // combine warp: waits for its bulk reductions to read the block
+  kPhBlocks,               // combine warp: blocks taken
+  kPhCount
+};
+#ifdef LOOM_PHASE_PROFILE
+__device__ unsigned long long g_phase[4][kPhCount];
+#define LOOM_PHASE_CLOCK() ptx::clock32()
+#define LOOM_PHASE_ADD(arr, i, v) ((arr)[i] += (v))
+#else
+#define LOOM_PHASE_CLOCK() 0u
+#define LOOM_PHASE_ADD(arr, i, v) ((void)0)
+#endif
+// A role's phase sums, added into its row of g_phase by one thread at the role's end.
+using PhaseSums = uint32_t[kPhCount];
+__device__ __forceinline__ void add_phase_sums([[maybe_unused]] int row, [[maybe_unused]] const PhaseSums& sums) {
+#ifdef LOOM_PHASE_PROFILE
+  for (int i = 0; i < kPhCount; ++i)
+    if (sums[i] != 0) atomicAdd(&g_phase[row][i], (unsigned long long)sums[i]);
+#endif
+}
 
 constexpr int kBlockK = 128;     // K per stage: one scale block
 constexpr int kTileRows = kRegsTileRows;  // an expert's token rows per tile: two consumer warpgroups of 64
@@ -212,8 +258,12 @@ __device__ __forceinline__ void load_block(RowBlock& rb, const Args& a, int tok_
 // GEMM alone 250 vs 267 us). Not before them: the wgmma fence then waits for the new loads (262 us).
 template <class Reload>
 __device__ __forceinline__ float2 mma_block(Smem& s, float (&acc)[64], const RowBlock& rb, const StageCursor& st,
-                                            int tile_row_a, int tile_row_b, const Reload& reload) {
+                                            int tile_row_a, int tile_row_b, const Reload& reload,
+                                            [[maybe_unused]] PhaseSums& ph) {
+  [[maybe_unused]] const uint32_t ph_wait = LOOM_PHASE_CLOCK();
   ptx::mbar_wait(&s.full[st.stage], st.phase);
+  [[maybe_unused]] const uint32_t ph_full = LOOM_PHASE_CLOCK();
+  LOOM_PHASE_ADD(ph, kPhFullWait, ph_full - ph_wait);
 #ifdef LOOM_CHAIN_TRACE
   // Stage 0 in phase 0: its first fill (and every second lap's; the trace reads the first stamp).
   if (threadIdx.x == 128 && st.stage == 0 && st.phase == 0) LOOM_TRACE(kGemmStageFull);
@@ -227,16 +277,31 @@ __device__ __forceinline__ float2 mma_block(Smem& s, float (&acc)[64], const Row
   const uint32_t pin = *reinterpret_cast<volatile const uint32_t*>(&s.zero_word);
   uint32_t frag[4][4];
   ptx::regroup_a_fragments(frag, rb.a_lo, rb.a_hi, rb.b_lo, rb.b_hi, pin);
+#ifdef LOOM_PHASE_PROFILE
+  const uint32_t ph_frag = ptx::clock32_after(frag[0][0], frag[0][1], frag[3][2], frag[3][3]);
+  LOOM_PHASE_ADD(ph, kPhFragments, ph_frag - ph_full);
+#endif
 #pragma unroll
   for (int i = 0; i < 64; ++i) ptx::fence_operand(acc[i]);
   ptx::wgmma_fence();
 #pragma unroll
   for (int j = 0; j < kBlockK / 32; ++j) ptx::WgmmaE4M3RegA128::mma(acc, frag[j], desc_b + 2 * j, j > 0 ? 1 : 0);
   ptx::wgmma_commit_group();
+#ifdef LOOM_PHASE_PROFILE
+  const uint32_t ph_issued = ptx::clock32();
+  LOOM_PHASE_ADD(ph, kPhMmaIssue, ph_issued - ph_frag);
+#endif
   reload();
+#ifdef LOOM_PHASE_PROFILE
+  const uint32_t ph_reloaded = ptx::clock32();
+  LOOM_PHASE_ADD(ph, kPhReload, ph_reloaded - ph_issued);
+#endif
   ptx::wgmma_wait_group<0>();
 #pragma unroll
   for (int i = 0; i < 64; ++i) ptx::fence_operand(acc[i]);
+#ifdef LOOM_PHASE_PROFILE
+  LOOM_PHASE_ADD(ph, kPhMmaWait, ptx::clock32() - ph_reloaded);
+#endif
   // Every lane's MMAs and scale reads are done with the stage: free it.
   __syncwarp();
   if (threadIdx.x % 32 == 0) ptx::mbar_arrive(&s.empty[st.stage]);
@@ -292,6 +357,8 @@ __global__ void __launch_bounds__(kThreads, 1)
     ptx::setmaxnreg_dec<kProducerRegs>();
     if (threadIdx.x == 0) LOOM_TRACE(kGemmProducerRole);
     if (threadIdx.x == 0) {
+      [[maybe_unused]] PhaseSums ph = {};
+      [[maybe_unused]] const uint32_t ph_start = LOOM_PHASE_CLOCK();
       StageCursor st;
       [[maybe_unused]] bool traced_first_tma = false;  // trace builds: the first TMA only
       const uint64_t evict_first = ptx::l2_policy_evict_first();
@@ -319,7 +386,10 @@ __global__ void __launch_bounds__(kThreads, 1)
             // A wide unit past the last weight block (an odd number of them) loads the last one
             // again: the warpgroup that takes it drops every output (columns >= N).
             const int w_row = unit.expert * a.n + min(unit.nb + j, a.nblocks - 1) * kTileCols;
+            [[maybe_unused]] const uint32_t ph_wait = LOOM_PHASE_CLOCK();
             ptx::mbar_wait(&s.empty[st.stage], st.phase ^ 1);
+            LOOM_PHASE_ADD(ph, kPhEmptyWait, LOOM_PHASE_CLOCK() - ph_wait);
+            LOOM_PHASE_ADD(ph, kPhStages, 1u);
             ptx::mbar_arrive_expect_tx(&s.full[st.stage], kWTileBytes);
             if (a.weights_evict_first)
               ptx::tma_load_2d_hint(s.w[st.stage], &weights_map, kb * kBlockK, w_row, &s.full[st.stage], evict_first);
@@ -330,6 +400,9 @@ __global__ void __launch_bounds__(kThreads, 1)
             st.advance();
           }
       }
+      LOOM_PHASE_ADD(ph, kPhTotal, LOOM_PHASE_CLOCK() - ph_start);
+      LOOM_PHASE_ADD(ph, kPhCtas, 1u);
+      add_phase_sums(2, ph);
     } else if (threadIdx.x / 32 == 1) {
       // Warp 1: each unit's rows (tokens, top-k weights) and weight scales into the meta ring; it
       // walks the units, fetching each queue index one unit ahead so that the atomic's round trip
@@ -413,11 +486,15 @@ __global__ void __launch_bounds__(kThreads, 1)
       // Warp 3: the combine. Units in the consumers' order; per unit, each warpgroup's block, until
       // both warpgroups stage the end of the walk (bytes < 0).
       const int lane = threadIdx.x % 32;
+      [[maybe_unused]] PhaseSums ph = {};
       uint32_t phase = 0;
       for (bool end = false; !end;) {
         for (int c = 0; c < 2; ++c) {
           const OutStage& o = s.out[c];
+          [[maybe_unused]] const uint32_t ph_wait = LOOM_PHASE_CLOCK();
           ptx::mbar_wait(&s.out_full[c], phase);
+          LOOM_PHASE_ADD(ph, kPhCombineWait, LOOM_PHASE_CLOCK() - ph_wait);
+          LOOM_PHASE_ADD(ph, kPhBlocks, 1u);
           const int bytes = o.bytes, col0 = o.col0;
           end = bytes < 0;
           if (bytes > 0)
@@ -427,16 +504,21 @@ __global__ void __launch_bounds__(kThreads, 1)
                 ptx::bulk_reduce_add_f32(a.out + int64_t(token) * a.n + col0, &o.v[i][0], uint32_t(bytes));
             }
           ptx::bulk_commit();
+          [[maybe_unused]] const uint32_t ph_read = LOOM_PHASE_CLOCK();
           ptx::bulk_wait_read();  // this lane's reductions have read the block
+          LOOM_PHASE_ADD(ph, kPhCombineRead, LOOM_PHASE_CLOCK() - ph_read);
           __syncwarp();
           if (lane == 0) ptx::mbar_arrive(&s.out_empty[c]);
         }
         phase ^= 1;
       }
       ptx::bulk_wait();  // and have completed, before the CTA exits
+      if (lane == 0) add_phase_sums(3, ph);
     }
   } else {
     ptx::setmaxnreg_inc<kConsumerRegs>();
+    [[maybe_unused]] PhaseSums ph = {};
+    [[maybe_unused]] const uint32_t ph_start = LOOM_PHASE_CLOCK();
     // The wide kernel keeps a ring of 2 (with 3, T=1536 ran 0.5-0.7 us slower) over an even number
     // of K blocks, so it never rotates. ptxas reports a small spill in it since the loop took its
     // rotating form (then 6 bytes stored, ~44-48 loaded); measured harmless: T=1280 / 1536 / 1792
@@ -466,6 +548,7 @@ __global__ void __launch_bounds__(kThreads, 1)
           load_block(ring[i], a, m.token[row_base + row_a], m.token[row_base + row_b], q, i);
     }
     while (s.meta[mc.stage].rows >= 0) {
+      [[maybe_unused]] const uint32_t ph_unit = LOOM_PHASE_CLOCK();
       const UnitMeta& m = s.meta[mc.stage];
       const uint32_t cur_slot = mc.stage;
       mc.advance();
@@ -493,6 +576,8 @@ __global__ void __launch_bounds__(kThreads, 1)
           ptx::mbar_arrive(&s.out_full[consumer]);
           out_phase ^= 1;
         }
+        LOOM_PHASE_ADD(ph, kPhIdle, LOOM_PHASE_CLOCK() - ph_unit);
+        LOOM_PHASE_ADD(ph, kPhIdleUnits, 1u);
         continue;
       }
       const int tok_a = m.token[row_base + row_a], tok_b = m.token[row_base + row_b];
@@ -520,7 +605,8 @@ __global__ void __launch_bounds__(kThreads, 1)
                 load_block(slot, a, tok_a, tok_b, q, kb + kRingT);
               else if (next_has_rows)
                 load_block(slot, a, next_tok_a, next_tok_b, q, kb + kRingT - a.kblocks);
-            });
+            }, ph);
+            [[maybe_unused]] const uint32_t ph_promote = LOOM_PHASE_CLOCK();
             const float scale_a = xs.x * sw, scale_b = xs.y * sw;
             st.advance();
             if (kWide && consumer == 0) {
@@ -528,10 +614,18 @@ __global__ void __launch_bounds__(kThreads, 1)
               st.advance();
             }
             promote_rows(final_acc, acc, scale_a, scale_b);
+#ifdef LOOM_PHASE_PROFILE
+            LOOM_PHASE_ADD(ph, kPhPromote,
+                           ptx::clock32_after(__float_as_uint(final_acc[0]), __float_as_uint(final_acc[21]),
+                                              __float_as_uint(final_acc[42]), __float_as_uint(final_acc[63])) -
+                               ph_promote);
+#endif
           }
         }
       };
       static_assert(kRingT >= 2 && kRingT <= 3, "one k_loop instantiation per rotation below");
+      [[maybe_unused]] const uint32_t ph_loop = LOOM_PHASE_CLOCK();
+      LOOM_PHASE_ADD(ph, kPhUnitStart, ph_loop - ph_unit);
       if constexpr (kWide) {
         // An even number of K blocks (the launcher checks): the rotation stays 0.
         k_loop(std::integral_constant<int, 0>{});
@@ -545,6 +639,13 @@ __global__ void __launch_bounds__(kThreads, 1)
         rot = (rot + a.kblocks) % kRingT;  // the next unit's block 0 went where this unit's block kblocks would
       }
 
+      [[maybe_unused]] const uint32_t ph_end = LOOM_PHASE_CLOCK();
+      LOOM_PHASE_ADD(ph, kPhKLoop, ph_end - ph_loop);
+      LOOM_PHASE_ADD(ph, kPhUnits, 1u);
+      if (m.rows > 64) {
+        LOOM_PHASE_ADD(ph, kPhKLoopTall, ph_end - ph_loop);
+        LOOM_PHASE_ADD(ph, kPhUnitsTall, 1u);
+      }
 #ifdef LOOM_CHAIN_TRACE
       if (threadIdx.x == 128 && !traced_epilogue) LOOM_TRACE(kGemmEpilogue);  // the first unit's K loop done
       traced_epilogue = true;
@@ -557,7 +658,9 @@ __global__ void __launch_bounds__(kThreads, 1)
         const int token = wg_thread < 64 && wg_thread < wg_rows ? m.token[row_base + wg_thread] : -1;
         const int nb = m.nb + (kWide ? consumer : 0);
         ptx::mbar_arrive(&s.meta_empty[cur_slot]);
+        [[maybe_unused]] const uint32_t ph_wait = LOOM_PHASE_CLOCK();
         ptx::mbar_wait(&s.out_empty[consumer], out_phase ^ 1);  // its previous block has been read
+        LOOM_PHASE_ADD(ph, kPhOutWait, LOOM_PHASE_CLOCK() - ph_wait);
 #pragma unroll
         for (int j = 0; j < 16; ++j) {
           *reinterpret_cast<float2*>(&o.v[row_a][8 * j + 2 * q]) =
@@ -573,6 +676,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         ptx::fence_proxy_async_shared();  // this thread's stores, before the async proxy reads them
         ptx::mbar_arrive(&s.out_full[consumer]);
         out_phase ^= 1;
+        LOOM_PHASE_ADD(ph, kPhEpilogue, LOOM_PHASE_CLOCK() - ph_end);
         continue;
       }
       // Store mode: lanes q and q ^ 1 swap halves so that each holds four consecutive outputs of one
@@ -595,12 +699,15 @@ __global__ void __launch_bounds__(kThreads, 1)
         const int n = nb * kTileCols + 8 * j + 4 * (q / 2);
         if (ok && n < a.n) *reinterpret_cast<float4*>(dst + n) = make_float4(wt * v0, wt * v1, wt * v2, wt * v3);
       }
+      LOOM_PHASE_ADD(ph, kPhEpilogue, LOOM_PHASE_CLOCK() - ph_end);
     }
     if (a.atomic) {  // the end of the walk, for the combine warp
       ptx::mbar_wait(&s.out_empty[consumer], out_phase ^ 1);
       if (wg_thread == 0) s.out[consumer].bytes = -1;
       ptx::mbar_arrive(&s.out_full[consumer]);
     }
+    LOOM_PHASE_ADD(ph, kPhTotal, LOOM_PHASE_CLOCK() - ph_start);
+    if (wg_thread == 0) add_phase_sums(consumer, ph);
   }
   ptx::pdl_launch_dependents();
   if (threadIdx.x % 32 == 0) LOOM_TRACE(kGemmEnd);  // each warp's end (the combine warp's after its reductions)
@@ -668,6 +775,75 @@ void launch_gemm_fp8_regs(const GemmFp8Params& p, const GemmFp8Config& cfg, cons
     launch_kernel(gemm_fp8_regs_kernel<true>, dim3(device.sm_count), dim3(kThreads), smem, stream, pdl, map, a);
   else
     launch_kernel(gemm_fp8_regs_kernel<false>, dim3(device.sm_count), dim3(kThreads), smem, stream, pdl, map, a);
+}
+
+bool gemm_regs_phase_profile_built() {
+#ifdef LOOM_PHASE_PROFILE
+  return true;
+#else
+  return false;
+#endif
+}
+
+void gemm_regs_phase_profile_reset() {
+#ifdef LOOM_PHASE_PROFILE
+  static const unsigned long long zero[4][kPhCount] = {};
+  LOOM_CUDA_CHECK(cudaMemcpyToSymbol(g_phase, zero, sizeof zero));
+#endif
+}
+
+void gemm_regs_phase_profile_print([[maybe_unused]] std::ostream& log, [[maybe_unused]] int kblocks) {
+#ifdef LOOM_PHASE_PROFILE
+  unsigned long long v[4][kPhCount];
+  LOOM_CUDA_CHECK(cudaDeviceSynchronize());
+  LOOM_CUDA_CHECK(cudaMemcpyFromSymbol(v, g_phase, sizeof v));
+  const double ctas = double(v[2][kPhCtas]);
+  if (ctas == 0) {
+    log << "  phase profile: the register-loaded GEMM did not run\n";
+    return;
+  }
+  auto per_cta = [&](int row, int ph) { return double(v[row][ph]) / ctas; };
+  auto ratio = [](double num, double den) { return den > 0 ? num / den : 0.0; };
+  char line[320];
+  log << "  phase profile of the register-loaded GEMM (" << ctas << " CTA launches; cycles per CTA launch unless stated):\n";
+  std::snprintf(line, sizeof line, "    %-44s %12s %12s\n", "consumer warpgroup", "0", "1");
+  log << line;
+  const std::pair<const char*, int> rows[] = {
+      {"total", kPhTotal},          {"units computed", kPhUnits},   {"units passed (no rows)", kPhIdleUnits},
+      {"unit starts", kPhUnitStart}, {"K loops", kPhKLoop},           {"epilogues", kPhEpilogue},
+      {"... waits for the staging block", kPhOutWait}, {"passed units", kPhIdle}};
+  for (const auto& [name, ph] : rows) {
+    std::snprintf(line, sizeof line, "    %-44s %12.1f %12.1f\n", name, per_cta(0, ph), per_cta(1, ph));
+    log << line;
+  }
+  log << "    per K block computed (cycles):\n";
+  const std::pair<const char*, int> steps[] = {{"full-barrier wait", kPhFullWait}, {"A fragments ready", kPhFragments},
+                                               {"MMAs issued", kPhMmaIssue},        {"ring reload issued", kPhReload},
+                                               {"MMAs complete", kPhMmaWait},       {"promotion", kPhPromote}};
+  for (const auto& [name, ph] : steps) {
+    std::snprintf(line, sizeof line, "      %-42s %12.0f %12.0f\n", name,
+                  ratio(double(v[0][ph]), double(v[0][kPhUnits]) * kblocks),
+                  ratio(double(v[1][ph]), double(v[1][kPhUnits]) * kblocks));
+    log << line;
+  }
+  for (int tall = 1; tall >= 0; --tall) {
+    double out[2];
+    for (int c = 0; c < 2; ++c) {
+      const double loop = tall ? double(v[c][kPhKLoopTall]) : double(v[c][kPhKLoop] - v[c][kPhKLoopTall]);
+      const double units = tall ? double(v[c][kPhUnitsTall]) : double(v[c][kPhUnits] - v[c][kPhUnitsTall]);
+      out[c] = ratio(loop, units * kblocks);
+    }
+    std::snprintf(line, sizeof line, "      %-42s %12.0f %12.0f\n",
+                  tall ? "K loop, units of > 64 rows" : "K loop, units of <= 64 rows", out[0], out[1]);
+    log << line;
+  }
+  std::snprintf(line, sizeof line,
+                "    weight producer: total %.1f, waiting for a free stage %.1f, %.1f stages; combine warp: %.1f "
+                "blocks, waiting for one %.1f, for its reductions to read it %.1f\n",
+                per_cta(2, kPhTotal), per_cta(2, kPhEmptyWait), per_cta(2, kPhStages), per_cta(3, kPhBlocks),
+                per_cta(3, kPhCombineWait), per_cta(3, kPhCombineRead));
+  log << line;
+#endif
 }
 
 }  // namespace loom

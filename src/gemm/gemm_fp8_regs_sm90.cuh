@@ -27,6 +27,8 @@
 
 #include <cuda_runtime.h>
 
+#include <ostream>
+
 #include "common/device_info.hpp"
 #include "gemm/gemm_fp8_block_sm90.cuh"
 
@@ -37,5 +39,13 @@ namespace loom {
 // kernel) and on launch failure.
 void launch_gemm_fp8_regs(const GemmFp8Params& p, const GemmFp8Config& cfg, const DeviceInfo& device,
                           cudaStream_t stream, bool pdl);
+
+// The phase profile (a build configured with -DLOOM_PHASE_PROFILE=ON; `loom bench --phase-profile`):
+// the kernel adds the cycles each role spends per phase (waits, MMAs, promotion, epilogue) into
+// device counters. reset zeroes them; print reads them (synchronous) and prints per-CTA and per-K-block
+// means for a run of `kblocks` K blocks. Without the option both do nothing.
+bool gemm_regs_phase_profile_built();
+void gemm_regs_phase_profile_reset();
+void gemm_regs_phase_profile_print(std::ostream& log, int kblocks);
 
 }  // namespace loom
