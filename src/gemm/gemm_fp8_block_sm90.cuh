@@ -63,7 +63,7 @@ inline constexpr double kWideTilesFromBinsRowsPerExpert = 24.0;
 // the routes reach the GEMM in expert bins, nearly every expert has rows, and the kernel holds 1.5x
 // the mean in one chunk (the measurements: choose_gemm_fp8_config).
 inline constexpr double kResidentRowsMaxRowsPerExpert = 32.0;
-inline constexpr int kRegsRing = 3;        // the kernel's K blocks in registers: K >= 128 kRegsRing
+inline constexpr int kRegsRing = 3;        // the kernel's K blocks in flight (its ring): K >= 128 kRegsRing
 inline constexpr int kRegsTileRows = 128;  // an expert's token rows per tile (128 x 128 tiles)
 inline constexpr int kRegsMaxK = 64 * 128; // its weight scales per unit in shared memory
 // Whether choose_gemm_fp8_config reads token_fragments for this batch (from the wide-tile range on

@@ -37,16 +37,16 @@ enum Phase : int {
   kPhCtas,                 // CTA launches profiled (producer row)
   kPhTotal,                // cycles from the role's start to its end
   kPhUnits, kPhIdleUnits,  // units with rows of this warpgroup / without (stages passed)
-  kPhUnitStart,            // a unit's start: the next unit's record, the ring's loads for it
+  kPhUnitStart,            // a unit's start: the next unit's record, the ring's copies for it
   kPhKLoop,                // the unit's K loop, start to last promotion
   kPhKLoopTall, kPhUnitsTall,  // ... of units of more than 64 rows (both warpgroups compute)
   kPhEpilogue,             // the unit's end: staging for the combine (or the stores)
   kPhOutWait,              // ... of which the wait for the staging block to be free
   kPhIdle,                 // units without rows, passed
   kPhFullWait,             // K block: the stage's full barrier
-  kPhFragments,            // ... the A fragments regrouped (waits for their loads)
+  kPhFragments,            // ... the A fragments regrouped (waits for the block's copies)
   kPhMmaIssue,             // ... the four MMAs issued and committed
-  kPhReload,               // ... the ring slot's reload issued
+  kPhReload,               // ... the ring slot's refill issued
   kPhMmaWait,              // ... the MMAs' completion
   kPhPromote,              // ... the promotion into the final accumulator
   kPhEmptyWait,            // producer: waits for a free stage
@@ -77,17 +77,19 @@ constexpr int kBlockK = 128;     // K per stage: one scale block
 constexpr int kTileRows = kRegsTileRows;  // an expert's token rows per tile: two consumer warpgroups of 64
 constexpr int kTileCols = 128;   // weight rows per tile: the MMA's N, one weight-scale block
 // Weight tiles in flight per SM (16 KiB each): 4, 6 and 8 measured equal, 12 far slower (T=8192
-// GEMM alone 307-311 vs 247-249 us; docs/perf.md, thirteenth session). Not more shared memory than
-// ~160 KiB in all: the kernel needs the L1 beside it (8 stages beside the combine staging: T=8192
-// GEMM alone 306 vs 235 us; 6: 227-229 vs 4: 226-229; the 4-stage kernel with the largest
-// shared-memory carve-out, L1 ~28 KiB: 290 vs 223; fifteenth session). Not for its activation
-// loads: `loom gather-probe` gathers rows at the same rate whatever the carve-out.
+// GEMM alone 307-311 vs 247-249 us; docs/perf.md, thirteenth session). With the activations in
+// registers, more shared memory cost the kernel its L1 (8 stages beside the combine staging: T=8192
+// GEMM alone 306 vs 235 us; the largest carve-out, L1 ~28 KiB: 290 vs 223; fifteenth session); the
+// shared-memory activation ring below (48 KiB, ~196 KiB in all) measured faster, not slower.
 constexpr int kStages = 4;
-// K blocks of activations in flight in each consumer thread's registers (the ring; tall tiles,
-// the wide ones keep 2). 3 against 2: T=2560 / 4096 / 8192 e2e 131.2 / 172.4 / 278.5 vs 136.4 /
-// 180.3 / 289.5 us (docs/perf.md, thirteenth session); 4 spilled, and a ring of 4 in shared memory
-// by cp.async measured slower (twelfth session). K need not be a multiple of it: the slot of a
-// unit's first block rotates (rot in the consumer loop).
+// K blocks of activations in flight per consumer thread (the ring; tall tiles, the wide ones keep
+// 2), in shared memory, one cp.async group per block, so that a block waits only for its own
+// copies. As register loads, all of the ring's loads shared one scoreboard and each block's
+// regrouping waited for the newest (issued one block earlier): the ring in shared memory, e2e
+// T=2048 / 3072 / 8192 92.7-92.8 / 105.6-105.7 / 229.6-231.3 vs 94.3-94.4 / 109.2-109.4 / 247.0-247.4
+// us; 2 slots 93.6-93.7 / 107.1-107.3 / 239.1-239.3, 4 no faster (docs/perf.md, thirty-sixth
+// session). K need not be a multiple of it: the slot of a unit's first block rotates (rot in the
+// consumer loop).
 constexpr int kRing = kRegsRing;
 constexpr int kThreads = 384;    // warpgroup 0: producer warps (TMA, unit records, scales); 1, 2: consumers
 constexpr int kConsumerWarps = 8;
@@ -145,6 +147,9 @@ struct alignas(16) OutStage {
 
 struct alignas(1024) Smem {
   uint8_t w[kStages][kWTileBytes];
+  // The activation ring: slot, consumer warpgroup, 16-byte chunk (RowBlock order), thread; each
+  // thread copies and reads only its own chunks, and a warp's 32 chunks are 512 contiguous bytes.
+  uint4 xring[kRing][2][4][128];
   float xs[kStages][kTileRows];  // the stage's activation scales of the tile's rows (producer warp 2)
   OutStage out[2];                // per consumer warpgroup (atomic mode)
   uint64_t out_full[2];           // the warpgroup's 128 threads, after their stores and proxy fences
@@ -157,7 +162,6 @@ struct alignas(1024) Smem {
   UnitMeta meta[kMetaSlots];
   uint64_t meta_full[kMetaSlots];   // the loader warp's 32 lanes, after their stores
   uint64_t meta_empty[kMetaSlots];  // every consumer thread and warp 2's lanes, after their last read of the unit
-  uint32_t zero_word;  // 0: see mma_block
 };
 
 struct Args {
@@ -228,38 +232,44 @@ __device__ __forceinline__ void build_tile_starts(Smem& s, const Args& a) {
 }
 
 // One K block's activations for this thread: rows r and r + 8, 32 fragment bytes each. (Their
-// scales come with the stage: as register loads, they shared scoreboards with these and stalled.)
+// scales come with the stage.)
 struct RowBlock {
   uint4 a_lo, a_hi, b_lo, b_hi;
 };
 
-__device__ __forceinline__ void load_block(RowBlock& rb, const Args& a, int tok_a, int tok_b, int q, int kb) {
-  // Row t's group kb at t K + 128 kb; quad lane q's lo bytes at + 16 q (the quad covers 0-63), hi
-  // at + 64 + 16 q. int32 offsets: the launcher keeps x_rows * K below 2^31.
-  const uint4* pa = reinterpret_cast<const uint4*>(a.x + (tok_a * a.k + kb * kBlockK + 16 * q));
-  const uint4* pb = reinterpret_cast<const uint4*>(a.x + (tok_b * a.k + kb * kBlockK + 16 * q));
+// Copies this thread's chunks of K block kb into its ring slot `slot` (the caller commits the
+// group). Row t's group kb at t K + 128 kb; quad lane q's lo bytes at + 16 q (the quad covers
+// 0-63), hi at + 64 + 16 q. int32 offsets: the launcher keeps x_rows * K below 2^31. A token < 0
+// is a padding row: zero-filled, nothing read (cp.async does not merge the lanes' copies of one
+// address, and padding rows read as token 0 made one hot set of L2 lines: T=2048 138 vs 94 us).
+__device__ __forceinline__ void copy_block(Smem& s, int slot, int consumer, int wg_thread, const Args& a, int tok_a,
+                                           int tok_b, int q, int kb) {
+  const uint4* pa = reinterpret_cast<const uint4*>(a.x + (max(tok_a, 0) * a.k + kb * kBlockK + 16 * q));
+  const uint4* pb = reinterpret_cast<const uint4*>(a.x + (max(tok_b, 0) * a.k + kb * kBlockK + 16 * q));
+  const uint4* src[4] = {pa, pa + 4, pb, pb + 4};
+  const uint32_t bytes[4] = {tok_a >= 0 ? 16u : 0u, tok_a >= 0 ? 16u : 0u, tok_b >= 0 ? 16u : 0u, tok_b >= 0 ? 16u : 0u};
   if (a.x_evict_last) {
     const uint64_t policy = ptx::l2_policy_evict_last();
-    rb.a_lo = ptx::ld_cg_hint(pa, policy);
-    rb.a_hi = ptx::ld_cg_hint(pa + 4, policy);
-    rb.b_lo = ptx::ld_cg_hint(pb, policy);
-    rb.b_hi = ptx::ld_cg_hint(pb + 4, policy);
+#pragma unroll
+    for (int c = 0; c < 4; ++c)
+      ptx::cp_async_16_zfill_hint(ptx::smem_u32(&s.xring[slot][consumer][c][wg_thread]), src[c], bytes[c], policy);
   } else {
-    rb.a_lo = __ldcg(pa);
-    rb.a_hi = __ldcg(pa + 4);
-    rb.b_lo = __ldcg(pb);
-    rb.b_hi = __ldcg(pb + 4);
+#pragma unroll
+    for (int c = 0; c < 4; ++c)
+      ptx::cp_async_16_zfill(ptx::smem_u32(&s.xring[slot][consumer][c][wg_thread]), src[c], bytes[c]);
   }
 }
 
-// Waits for the stage (weight tile and scales), runs the K block's four MMAs with A from rb, waits
-// for them, frees the stage and returns the two rows' activation scales. The MMAs read a regrouped
-// copy of rb, so rb is reloaded (reload) as soon as they are issued, not after their wait (T=8192
-// GEMM alone 250 vs 267 us). Not before them: the wgmma fence then waits for the new loads (262 us).
-template <class Reload>
-__device__ __forceinline__ float2 mma_block(Smem& s, float (&acc)[64], const RowBlock& rb, const StageCursor& st,
-                                            int tile_row_a, int tile_row_b, const Reload& reload,
-                                            [[maybe_unused]] PhaseSums& ph) {
+// Waits for the stage (weight tile and scales) and for this thread's copies of the block in ring
+// slot `slot` (at most kPendingGroups later groups may be in flight), runs the K block's four MMAs
+// with A from the slot, waits for them, frees the stage and returns the two rows' activation scales.
+// The MMAs read a regrouped register copy of the slot, so the slot is refilled (reload, which
+// commits one group) as soon as they are issued, not after their wait (register ring: T=8192 GEMM
+// alone 250 vs 267 us).
+template <int kPendingGroups, class Reload>
+__device__ __forceinline__ float2 mma_block(Smem& s, float (&acc)[64], int slot, int consumer, int wg_thread,
+                                            const StageCursor& st, int tile_row_a, int tile_row_b,
+                                            const Reload& reload, [[maybe_unused]] PhaseSums& ph) {
   [[maybe_unused]] const uint32_t ph_wait = LOOM_PHASE_CLOCK();
   ptx::mbar_wait(&s.full[st.stage], st.phase);
   [[maybe_unused]] const uint32_t ph_full = LOOM_PHASE_CLOCK();
@@ -271,12 +281,15 @@ __device__ __forceinline__ float2 mma_block(Smem& s, float (&acc)[64], const Row
   const float2 scales = make_float2(s.xs[st.stage][tile_row_a], s.xs[st.stage][tile_row_b]);
   const uint64_t desc_b = ptx::smem_desc_k_major_sw128(&s.w[st.stage][0]);
   // k32 step j's operand quad: row r's words (j, h = 0), row r + 8's, row r's (j, h = 1), row
-  // r + 8's (fragment_word order). Each quad mixes two loads, so it is assembled here, pinned by a
-  // zero read after the wait (as plain moves, ptxas put them right after the loads, where they
-  // waited out the loads' L2 round trip: 30 % of the stall samples).
-  const uint32_t pin = *reinterpret_cast<volatile const uint32_t*>(&s.zero_word);
+  // r + 8's (fragment_word order). Each quad mixes two chunks, so it is assembled here.
+  ptx::cp_async_wait<kPendingGroups>();
+  RowBlock rb;
+  rb.a_lo = s.xring[slot][consumer][0][wg_thread];
+  rb.a_hi = s.xring[slot][consumer][1][wg_thread];
+  rb.b_lo = s.xring[slot][consumer][2][wg_thread];
+  rb.b_hi = s.xring[slot][consumer][3][wg_thread];
   uint32_t frag[4][4];
-  ptx::regroup_a_fragments(frag, rb.a_lo, rb.a_hi, rb.b_lo, rb.b_hi, pin);
+  ptx::regroup_a_fragments(frag, rb.a_lo, rb.a_hi, rb.b_lo, rb.b_hi, 0u);  // no pin: short shared-memory reads
 #ifdef LOOM_PHASE_PROFILE
   const uint32_t ph_frag = ptx::clock32_after(frag[0][0], frag[0][1], frag[3][2], frag[3][3]);
   LOOM_PHASE_ADD(ph, kPhFragments, ph_frag - ph_full);
@@ -327,7 +340,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   if (threadIdx.x == 0) LOOM_TRACE_SM(kGemmSm);
   if (threadIdx.x == 0) {
     for (int i = 0; i < kStages; ++i) {
-      ptx::mbar_init(&s.full[i], 1 + 32);  // the weight tile's arrive.expect_tx, warp 2's scale copies
+      ptx::mbar_init(&s.full[i], 1 + 32);  // the weight tile's arrive.expect_tx, warp 2's lanes after their scales
       ptx::mbar_init(&s.empty[i], kConsumerWarps);
     }
     for (int i = 0; i < kMetaSlots; ++i) {
@@ -339,7 +352,6 @@ __global__ void __launch_bounds__(kThreads, 1)
       ptx::mbar_init(&s.out_empty[c], 1);
     }
     ptx::fence_mbar_init();
-    s.zero_word = 0;
     ptx::prefetch_tensormap(&weights_map);
   }
   // Everything below reads what the dispatch and quantisation kernels wrote.
@@ -449,8 +461,8 @@ __global__ void __launch_bounds__(kThreads, 1)
       }
       if (a.queue != nullptr && lane == 0) leave_work_queue(a.queue);  // lane 0 made every fetch
     } else if (threadIdx.x / 32 == 2) {
-      // Warp 2: each stage's activation scales of the tile's 128 rows, by cp.async (completion
-      // through the stage's full barrier), in step with the weight tiles.
+      // Warp 2: each stage's activation scales of the tile's 128 rows into the stage, each lane then
+      // arriving on its full barrier, in step with the weight tiles.
       const int lane = threadIdx.x % 32;
       MetaCursor mc;
       StageCursor st;
@@ -460,7 +472,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         if (m.rows < 0) break;
         // A row's scale of block kb: group-major at kb x_rows + token; in row quads at
         // (kb / 4 x_rows + token) 4 + kb % 4, where the quad's other three blocks share its sector,
-        // which cp.async.ca keeps in L1 for the next three stages (the tile's tokens are scattered:
+        // which the L1-cached loads keep for the next three stages (the tile's tokens are scattered:
         // group-major, every stage's scale is a sector of its own from L2).
         const int tok_stride = a.scales_in_quads ? 4 : 1;
         int tok[Sh::kRows / 32];
@@ -473,10 +485,15 @@ __global__ void __launch_bounds__(kThreads, 1)
 #pragma unroll
           for (int j = 0; j < Sh::kBlocks; ++j) {  // a wide unit's two stages of a K block: the same scales
             ptx::mbar_wait(&s.empty[st.stage], st.phase ^ 1);
+            // Loads (L1-cached), stores, then the lane's arrival, which releases its stores to the
+            // consumers' wait. (By cp.async with an mbarrier arrival, beside the consumers' ring
+            // copies: T=2048 / 8192 e2e 96.6 / 237.6-238.5 vs 95.4-95.9 / 235.1-236.6 us.)
+            float v[Sh::kRows / 32];
 #pragma unroll
-            for (int i = 0; i < Sh::kRows / 32; ++i)
-              ptx::cp_async_4_zfill(ptx::smem_u32(&s.xs[st.stage][lane + 32 * i]), src + tok[i], 4u);
-            ptx::cp_async_mbar_arrive_noinc(&s.full[st.stage]);
+            for (int i = 0; i < Sh::kRows / 32; ++i) v[i] = __ldca(src + tok[i]);
+#pragma unroll
+            for (int i = 0; i < Sh::kRows / 32; ++i) s.xs[st.stage][lane + 32 * i] = v[i];
+            ptx::mbar_arrive(&s.full[st.stage]);
             st.advance();
           }
         }
@@ -519,12 +536,9 @@ __global__ void __launch_bounds__(kThreads, 1)
     ptx::setmaxnreg_inc<kConsumerRegs>();
     [[maybe_unused]] PhaseSums ph = {};
     [[maybe_unused]] const uint32_t ph_start = LOOM_PHASE_CLOCK();
-    // The wide kernel keeps a ring of 2 (with 3, T=1536 ran 0.5-0.7 us slower) over an even number
-    // of K blocks, so it never rotates. ptxas reports a small spill in it since the loop took its
-    // rotating form (then 6 bytes stored, ~44-48 loaded); measured harmless: T=1280 / 1536 / 1792
-    // e2e equal to the earlier loop's within 0.1-0.3 us (docs/perf.md, thirteenth session). The
-    // current build reports 14 / 60 bytes here and 8 / 8 in the tall kernel, whose one spill pair
-    // sits in the unit loader warp (40 registers), not in the K loop (SASS, twenty-fifth session).
+    // The wide kernel keeps a ring of 2 (with 3, as a register ring, T=1536 ran 0.5-0.7 us slower)
+    // over an even number of K blocks, so it never rotates. With the ring in shared memory neither
+    // kernel spills (the register ring's forms spilled 14 / 60 and 8 / 8 bytes).
     constexpr int kRingT = kWide ? 2 : kRing;
     const int consumer = warpgroup - 1, lane = threadIdx.x % 32, q = lane % 4, wg_thread = threadIdx.x % 128;
     uint32_t out_phase = 0;  // atomic mode: the parity of this warpgroup's next staged block
@@ -535,8 +549,8 @@ __global__ void __launch_bounds__(kThreads, 1)
     // This warpgroup's first row in a tile, and its rows of a unit (<= 0: none).
     const int row_base = kWide ? 0 : 64 * consumer;
     auto wg_rows_of = [&](const UnitMeta& m) { return min(64, m.rows - row_base); };
+    static_assert(kRingT <= kRing, "the ring's slots in shared memory");
     ptx::mbar_wait(&s.meta_full[mc.stage], mc.phase);
-    RowBlock ring[kRingT];
     // The ring slot of the unit's K block 0: block kb sits in slot (kb + rot) % kRingT, so a unit's
     // last blocks can load the next unit's first ones into the slots they free whatever K is.
     int rot = 0;
@@ -544,8 +558,11 @@ __global__ void __launch_bounds__(kThreads, 1)
       const UnitMeta& m = s.meta[mc.stage];
       if (wg_rows_of(m) > 0)
 #pragma unroll
-        for (int i = 0; i < kRingT; ++i)
-          load_block(ring[i], a, m.token[row_base + row_a], m.token[row_base + row_b], q, i);
+        for (int i = 0; i < kRingT; ++i) {
+          copy_block(s, i, consumer, wg_thread, a, row_base + row_a < m.rows ? m.token[row_base + row_a] : -1,
+                           row_base + row_b < m.rows ? m.token[row_base + row_b] : -1, q, i);
+          ptx::cp_async_commit();
+        }
     }
     while (s.meta[mc.stage].rows >= 0) {
       [[maybe_unused]] const uint32_t ph_unit = LOOM_PHASE_CLOCK();
@@ -557,7 +574,8 @@ __global__ void __launch_bounds__(kThreads, 1)
       ptx::mbar_wait(&s.meta_full[mc.stage], mc.phase);
       const UnitMeta& next = s.meta[mc.stage];
       const bool next_has_rows = next.rows >= 0 && wg_rows_of(next) > 0;
-      const int next_tok_a = next.token[row_base + row_a], next_tok_b = next.token[row_base + row_b];
+      const int next_tok_a = row_base + row_a < next.rows ? next.token[row_base + row_a] : -1;
+      const int next_tok_b = row_base + row_b < next.rows ? next.token[row_base + row_b] : -1;
       const int wg_rows = wg_rows_of(m);
       if (wg_rows <= 0) {
         // No rows here (the expert's last tile is at most half full): keep the stage ring in step.
@@ -567,7 +585,10 @@ __global__ void __launch_bounds__(kThreads, 1)
         }
         if (next_has_rows)
 #pragma unroll
-          for (int i = 0; i < kRingT; ++i) load_block(ring[i], a, next_tok_a, next_tok_b, q, i);
+          for (int i = 0; i < kRingT; ++i) {
+            copy_block(s, i, consumer, wg_thread, a, next_tok_a, next_tok_b, q, i);
+            ptx::cp_async_commit();
+          }
         rot = 0;
         ptx::mbar_arrive(&s.meta_empty[cur_slot]);
         if (a.atomic) {  // the combine warp takes a block per unit and warpgroup: an empty one
@@ -580,12 +601,13 @@ __global__ void __launch_bounds__(kThreads, 1)
         LOOM_PHASE_ADD(ph, kPhIdleUnits, 1u);
         continue;
       }
-      const int tok_a = m.token[row_base + row_a], tok_b = m.token[row_base + row_b];
+      const int tok_a = row_base + row_a < m.rows ? m.token[row_base + row_a] : -1;
+      const int tok_b = row_base + row_b < m.rows ? m.token[row_base + row_b] : -1;
       float final_acc[64], acc[64];
 #pragma unroll
       for (int i = 0; i < 64; ++i) final_acc[i] = 0.0f;
-      // K blocks in steps of kRingT, the loop instantiated once per rotation so that every ring slot
-      // is a compile-time register choice.
+      // K blocks in steps of kRingT, the loop instantiated once per rotation (as in the register
+      // ring's measured form) so that every ring slot's offset is a compile-time constant.
       auto k_loop = [&](auto rotation) {
         constexpr int kRot = decltype(rotation)::value;
         for (int kb0 = 0; kb0 < a.kblocks; kb0 += kRingT) {
@@ -593,18 +615,22 @@ __global__ void __launch_bounds__(kThreads, 1)
           for (int i = 0; i < kRingT; ++i) {
             const int kb = kb0 + i;
             if (kb >= a.kblocks) break;
-            RowBlock& slot = ring[(i + kRot) % kRingT];
+            const int slot = (i + kRot) % kRingT;
             const float sw = kWide && consumer == 1 ? m.wscale2[kb] : m.wscale[kb];
             // A wide unit's K block: warpgroup 0 computes on the first stage, 1 on the second.
             if (kWide && consumer == 1) {
               pass_stage(s, st);
               st.advance();
             }
-            const float2 xs = mma_block(s, acc, slot, st, row_base + row_a, row_base + row_b, [&] {
+            const float2 xs = mma_block<kRingT - 1>(s, acc, slot, consumer, wg_thread, st, row_base + row_a,
+                                                     row_base + row_b, [&] {
+              // One group per K block, empty or not, so that the kRingT - 1 groups left pending are
+              // always the blocks after this one.
               if (kb + kRingT < a.kblocks)
-                load_block(slot, a, tok_a, tok_b, q, kb + kRingT);
+                copy_block(s, slot, consumer, wg_thread, a, tok_a, tok_b, q, kb + kRingT);
               else if (next_has_rows)
-                load_block(slot, a, next_tok_a, next_tok_b, q, kb + kRingT - a.kblocks);
+                copy_block(s, slot, consumer, wg_thread, a, next_tok_a, next_tok_b, q, kb + kRingT - a.kblocks);
+              ptx::cp_async_commit();
             }, ph);
             [[maybe_unused]] const uint32_t ph_promote = LOOM_PHASE_CLOCK();
             const float scale_a = xs.x * sw, scale_b = xs.y * sw;
@@ -818,7 +844,7 @@ void gemm_regs_phase_profile_print([[maybe_unused]] std::ostream& log, [[maybe_u
   }
   log << "    per K block computed (cycles):\n";
   const std::pair<const char*, int> steps[] = {{"full-barrier wait", kPhFullWait}, {"A fragments ready", kPhFragments},
-                                               {"MMAs issued", kPhMmaIssue},        {"ring reload issued", kPhReload},
+                                               {"MMAs issued", kPhMmaIssue},        {"ring refill issued", kPhReload},
                                                {"MMAs complete", kPhMmaWait},       {"promotion", kPhPromote}};
   for (const auto& [name, ph] : steps) {
     std::snprintf(line, sizeof line, "      %-42s %12.0f %12.0f\n", name,

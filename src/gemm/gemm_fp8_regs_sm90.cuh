@@ -11,11 +11,12 @@
 // top-k weights and weight scales into a ring of unit records two units ahead, from which warp 0
 // takes the queue's units; warp 2 copies each stage's activation scales of the tile's rows by cp.async; warp 3 is
 // the combine in atomic mode (below). Each
-// consumer thread loads its two rows' bytes for a K block straight from the token-order codes
-// into wgmma A-fragment registers (the quantiser lays them out for it: fragment_word,
-// device_layout.hpp), three K blocks ahead (two in wide tiles; a slot is reloaded as soon as its
-// block's MMAs are issued: they read a regrouped copy), the next unit's first blocks during this
-// unit's last.
+// consumer thread copies its two rows' bytes for a K block from the token-order codes (the
+// quantiser lays them out in wgmma A-fragment order: fragment_word, device_layout.hpp) by cp.async
+// into its own chunks of a shared-memory ring, three K blocks ahead (two in wide tiles), one group
+// per block, and regroups a block's chunks into A-fragment registers when it computes on it (a slot
+// is refilled as soon as its block's MMAs are issued); the next unit's first blocks are copied
+// during this unit's last.
 //
 // Per 128-wide K block: four wgmma m64n128k32 (A from registers) into a block accumulator, then
 // final += block * weight_scale * activation_scale(row) once the block's MMAs complete; the other
