@@ -379,6 +379,11 @@ TEST(GemmFp8Gpu, PartialBlocksAndWideShapes) {
   run_case({200, 384, 144, 8, 2, "random"}, CombineMode::atomic, seed);
   run_case({150, 640, 208, 8, 2, "concentrated"}, CombineMode::atomic, seed);
   run_case({150, 768, 80, 8, 2, "random"}, CombineMode::store, seed);
+  // K of 6, 7 and 9 blocks with tiles of at most 64 rows beside whole ones (zipf): the activation
+  // ring's slots rotate from unit to unit (7, 9), and tiles with padding rows zero-fill them.
+  run_case({200, 768, 208, 8, 2, "random"}, CombineMode::atomic, seed);
+  run_case({180, 896, 336, 8, 3, "zipf:1.2"}, CombineMode::atomic, seed);
+  run_case({200, 1152, 208, 8, 2, "random"}, CombineMode::atomic, seed);
 }
 
 }  // namespace
