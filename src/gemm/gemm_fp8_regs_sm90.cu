@@ -17,7 +17,6 @@
 #include "pipeline/device_layout.hpp"
 #include "ptx/clock.cuh"
 #include "ptx/cp_async.cuh"
-#include "ptx/load.cuh"
 #include "ptx/mbarrier.cuh"
 #include "ptx/pdl.cuh"
 #include "ptx/red.cuh"
