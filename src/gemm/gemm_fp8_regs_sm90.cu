@@ -109,7 +109,7 @@ static_assert(kMaxTileExperts == kExpertScanMaxExperts, "one expert scan covers 
 // of the consumers shares a scoreboard with their activation loads in flight).
 constexpr int kMetaSlots = 3;  // the loader runs two units ahead: a consumer reads the next unit at the start of one
 struct UnitMeta {
-  int32_t token[kTileRows];   // 0 past the tile's rows (any valid token: those results are dropped)
+  int32_t token[kTileRows];   // 0 past the tile's rows (never copied: the consumers zero-fill them)
   float weight[kTileRows];
   float wscale[kMaxK / kBlockK];
   float wscale2[kMaxK / kBlockK];  // wide tiles: the second weight block's
@@ -559,7 +559,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 #pragma unroll
         for (int i = 0; i < kRingT; ++i) {
           copy_block(s, i, consumer, wg_thread, a, row_base + row_a < m.rows ? m.token[row_base + row_a] : -1,
-                           row_base + row_b < m.rows ? m.token[row_base + row_b] : -1, q, i);
+                     row_base + row_b < m.rows ? m.token[row_base + row_b] : -1, q, i);
           ptx::cp_async_commit();
         }
     }
