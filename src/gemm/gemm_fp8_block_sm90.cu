@@ -1308,10 +1308,12 @@ GemmFp8Config choose_gemm_fp8_config(int64_t tokens, int64_t topk, int64_t exper
     //   273.1-274.6.
     c.x_evict_last = stream_outgrows_l2;
     c.weights_evict_first = stream_outgrows_l2 && rows_per_expert <= 1.5 * kRegsTileRows;
-    // 64 x 256 tiles below 52 rows per expert, where most experts' rows fit one 64-row tile; from
-    // about 56 half the experts spill into a second, nearly empty tile, and 128 x 128 tiles win (the
-    // figures above: 48 rows 106.1 wide vs 109.5 tall, 56 rows 116.5 vs 114.9 us).
-    c.wide_tiles = rows_per_expert < kTokenFragmentsMinRowsPerExpert;
+    // 64 x 256 tiles below 40 rows per expert, where most experts' rows fit one 64-row tile. With
+    // the activations in registers they won up to 52 (48 rows 106.1 wide vs 109.5 tall, 56 rows
+    // 116.5 vs 114.9 us); with the shared-memory ring 128 x 128 tiles win from 40: T=1280 / 1536 /
+    // 1792 e2e 80.5-80.7 / 84.0 / 87.8 vs 81.9-82.0 / 84.8 / 95.3-95.5 us (docs/perf.md,
+    // thirty-sixth session).
+    c.wide_tiles = rows_per_expert < kTallTilesRowsPerExpert;
     // Dynamic tail, as for sorted rows. Measured e2e, with vs round robin (one build, environment
     // switch, x3 in one call; eighteenth session): T=1024 / 2048 / 4096 / 8192 84.6-84.8 /
     // 98.4-98.6 / 143.8-143.9 / 249.6-251.6 vs 84.4-84.6 / 98.4-98.6 / 148.6-148.8 / 257.4-258.0 us.

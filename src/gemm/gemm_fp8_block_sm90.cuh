@@ -59,6 +59,8 @@ inline constexpr double kGatherBinsMaxRowsPerExpert = 24.0;  // T=768 on the pre
 inline constexpr double kTokenFragmentsMinRowsPerExpert = 52.0;
 inline constexpr double kWideTilesRowsPerExpert[2] = {30.0, kTokenFragmentsMinRowsPerExpert};
 inline constexpr double kWideTilesFromBinsRowsPerExpert = 24.0;
+// Inside that range, 128 x 128 tiles from this many rows per expert, 64 x 256 below (choose_gemm_fp8_config).
+inline constexpr double kTallTilesRowsPerExpert = 40.0;
 // Resident token rows (GemmFp8Config::resident_rows) up to this many routed rows per expert, where
 // the routes reach the GEMM in expert bins, nearly every expert has rows, and the kernel holds 1.5x
 // the mean in one chunk (the measurements: choose_gemm_fp8_config).

@@ -173,9 +173,9 @@ std::string describe(const Plan& p) {
     << kGatherMaxTokens << " rows) units, or, where nearly every expert has rows and up to "
     << kResidentRowsMaxRowsPerExpert << " rows per expert, the GEMM holding each expert's rows in shared memory "
        "over all of K while its weights stream past (weight rows on M)\n"
-    << "kernels (GEMM loading rows by token into registers, from " << kTokenFragmentsMinRowsPerExpert
-    << " routed rows per expert, and in 64 x 256 tiles from " << kWideTilesRowsPerExpert[0] << " (from "
-    << kWideTilesFromBinsRowsPerExpert << " with expert bins) to " << kWideTilesRowsPerExpert[1]
+    << "kernels (GEMM copying rows by token through a shared-memory ring, from " << kTokenFragmentsMinRowsPerExpert
+    << " routed rows per expert, where K is a multiple of 256 from " << kWideTilesRowsPerExpert[0] << " ("
+    << kWideTilesFromBinsRowsPerExpert << " with expert bins), in 64 x 256 tiles below " << kTallTilesRowsPerExpert
     << "): route + quantise (token order, codes in wgmma A-fragment order) in one launch -> "
        "dispatch (a per-slice count kernel, then the dispatch) -> GEMM; with the fast combine and expert bins "
        "(routes from logits), a one-CTA counter clear -> route + quantise + append each route to its expert's "

@@ -32,9 +32,10 @@ TEST(GemmFp8Config, TokenFragmentRangesAndWideTiles) {
   for (const Case& c : {Case{32, false, false},     // gathered by token
                         Case{959, false, false},    // 29.97 rows: sorted
                         Case{960, true, true},      // 30 rows: wide tiles from here
-                        Case{1536, true, true},
-                        Case{1663, true, true},     // 51.97 rows
-                        Case{1664, true, false},    // 52 rows: 128 x 128 tiles from here
+                        Case{1279, true, true},     // 39.97 rows
+                        Case{1280, true, false},    // 40 rows: 128 x 128 tiles from here
+                        Case{1663, true, false},
+                        Case{1664, true, false},    // 52 rows: also where K rules out wide tiles
                         Case{2048, true, false},
                         Case{8192, true, false}}) {
     SCOPED_TRACE(testing::Message() << "T=" << c.tokens);
