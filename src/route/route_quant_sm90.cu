@@ -53,7 +53,8 @@ __global__ void __launch_bounds__(kThreads, 1) route_quant_kernel(const RouteTop
     const int64_t token = int64_t(blockIdx.x) * kWarpsPerCta + warp;
     if (token < rp.tokens) route_detail::prefetch_token_logits(rp, token, lane);
   } else {
-    quant_detail::prefetch_first_units(qp, uint64_t(int64_t(blockIdx.x) - route_ctas) * kWarpsPerCta + uint64_t(warp));
+    quant_detail::prefetch_first_token_item<kQuantPasses>(
+        qp, uint64_t(int64_t(blockIdx.x) - route_ctas) * kWarpsPerCta + uint64_t(warp));
   }
   // Every CTA, routing or quantising: the buffers written here may still be read by the previous
   // run's kernels.
@@ -111,7 +112,11 @@ void launch_route_quant(const RouteTopkParams& rp, const QuantGatherParams& qp, 
   int slots = 1;  // per lane: ceil(E / 32) rounded up to a power of two
   while (slots * 32 < rp.experts) slots *= 2;
   const int64_t route_ctas = (int64_t(rp.tokens) + kWarpsPerCta - 1) / kWarpsPerCta;
-  const int64_t quant_threads = (quant_gather_threads(qp) + kQuantPasses - 1) / kQuantPasses;
+  // One warp per item (quant_token_order_body), or 16 float4 of the output's clear per thread
+  // where that needs more.
+  const int64_t zero4 = qp.zero_out ? int64_t(qp.tokens) * qp.zero_cols / 4 : 0;
+  const int64_t quant_threads =
+      std::max(int64_t(rp.tokens) * quant_detail::items_per_token<kQuantPasses>(qp.hidden_dim) * 32, (zero4 + 15) / 16);
   const int64_t quant_ctas = std::min<int64_t>((quant_threads + kThreads - 1) / kThreads, int64_t(1) << 20);
   if (route_ctas + quant_ctas > INT32_MAX) throw Error("route_quant: problem too large");
   if (rp.routing.scoring == Scoring::softmax)
