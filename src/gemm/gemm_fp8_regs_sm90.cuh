@@ -9,11 +9,11 @@
 // (GemmFp8Config::dynamic). Producer warpgroup: warp 0 streams the weight tiles by TMA into a
 // 4-stage ring; warp 1 walks the units (it fetches the queue's) and loads each unit's row tokens,
 // top-k weights and weight scales into a ring of unit records two units ahead, from which warp 0
-// takes the queue's units; warp 2 copies each stage's activation scales of the tile's rows by cp.async; warp 3 is
-// the combine in atomic mode (below). Each
-// consumer thread copies its two rows' bytes for a K block from the token-order codes (the
-// quantiser lays them out in wgmma A-fragment order: fragment_word, device_layout.hpp) by cp.async
-// into its own chunks of a shared-memory ring, three K blocks ahead (two in wide tiles), one group
+// takes the queue's units; warp 2 loads each stage's activation scales of the tile's rows (L1-cached
+// loads) into the stage; warp 3 is the combine in atomic mode (below). Each consumer thread copies
+// its two rows' bytes for a K block from the token-order codes (the quantiser lays them out in
+// wgmma A-fragment order: fragment_word, device_layout.hpp) by cp.async into its own chunks of a
+// shared-memory ring, three K blocks ahead (two in wide tiles), one group
 // per block, and regroups a block's chunks into A-fragment registers when it computes on it (a slot
 // is refilled as soon as its block's MMAs are issued); the next unit's first blocks are copied
 // during this unit's last.
