@@ -53,6 +53,7 @@ enum Phase : int {
   kPhCombineWait,          // combine warp: waits for a staged block
   kPhCombineRead,          // combine warp: waits for its bulk reductions to read the block
   kPhBlocks,               // combine warp: blocks taken
+  kPhNanos,                // producer: global-timer nanoseconds over its total (the SM clock rate)
   kPhCount
 };
 #ifdef LOOM_PHASE_PROFILE
@@ -370,6 +371,9 @@ __global__ void __launch_bounds__(kThreads, 1)
     if (threadIdx.x == 0) {
       [[maybe_unused]] PhaseSums ph = {};
       [[maybe_unused]] const uint32_t ph_start = LOOM_PHASE_CLOCK();
+#ifdef LOOM_PHASE_PROFILE
+      const uint64_t ns_start = ptx::globaltimer();
+#endif
       StageCursor st;
       [[maybe_unused]] bool traced_first_tma = false;  // trace builds: the first TMA only
       const uint64_t evict_first = ptx::l2_policy_evict_first();
@@ -412,6 +416,9 @@ __global__ void __launch_bounds__(kThreads, 1)
           }
       }
       LOOM_PHASE_ADD(ph, kPhTotal, LOOM_PHASE_CLOCK() - ph_start);
+#ifdef LOOM_PHASE_PROFILE
+      ph[kPhNanos] = uint32_t(ptx::globaltimer() - ns_start);
+#endif
       LOOM_PHASE_ADD(ph, kPhCtas, 1u);
       add_phase_sums(2, ph);
     } else if (threadIdx.x / 32 == 1) {
@@ -867,6 +874,11 @@ void gemm_regs_phase_profile_print([[maybe_unused]] std::ostream& log, [[maybe_u
                 "blocks, waiting for one %.1f, for its reductions to read it %.1f\n",
                 per_cta(2, kPhTotal), per_cta(2, kPhEmptyWait), per_cta(2, kPhStages), per_cta(3, kPhBlocks),
                 per_cta(3, kPhCombineWait), per_cta(3, kPhCombineRead));
+  log << line;
+  // The SM clock while the kernel runs (nvidia-smi's samples, 200 ms apart, showed 1980 MHz while
+  // this read 1.66-1.78 GHz; docs/perf.md, thirty-ninth session).
+  std::snprintf(line, sizeof line, "    weight producer: %.2f us per CTA by the global timer, so %.3f GHz (cycles / ns)\n",
+                per_cta(2, kPhNanos) / 1000.0, ratio(double(v[2][kPhTotal]), double(v[2][kPhNanos])));
   log << line;
 #endif
 }

@@ -21,4 +21,11 @@ __device__ __forceinline__ uint32_t clock32_after(uint32_t x0, uint32_t x1, uint
   return t;
 }
 
+// The global nanosecond timer (mov.u64 %globaltimer), for the phase profile's clock rate.
+__device__ __forceinline__ uint64_t globaltimer() {
+  uint64_t t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t)::"memory");
+  return t;
+}
+
 }  // namespace loom::ptx
