@@ -1,7 +1,10 @@
-// The SM's cycle counter (mov.u32 %clock; not in cuda::ptx), for the phase profile. Volatile with a
-// memory clobber, so the compiler neither moves it across other volatile asm and memory operations
-// nor rematerialises it elsewhere (the clock64() intrinsic was re-read at its use: negative phases).
+// The SM's cycle counter (mov.u32 %clock), for the phase profile. Volatile with a memory clobber
+// (which cuda::ptx::get_sreg_clock lacks), so the compiler neither moves it across other volatile
+// asm and memory operations nor rematerialises it elsewhere (the clock64() intrinsic was re-read at
+// its use: negative phases).
 #pragma once
+
+#include <cuda/ptx>
 
 #include <cstdint>
 
@@ -21,11 +24,8 @@ __device__ __forceinline__ uint32_t clock32_after(uint32_t x0, uint32_t x1, uint
   return t;
 }
 
-// The global nanosecond timer (mov.u64 %globaltimer), for the phase profile's clock rate.
-__device__ __forceinline__ uint64_t globaltimer() {
-  uint64_t t;
-  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t)::"memory");
-  return t;
-}
+// The global nanosecond timer, for the phase profile's clock rate (cuda::ptx has it; volatile asm,
+// so it stays in order with the mbarrier and TMA asm around it).
+__device__ __forceinline__ uint64_t globaltimer() { return cuda::ptx::get_sreg_globaltimer(); }
 
 }  // namespace loom::ptx
