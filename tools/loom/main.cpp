@@ -69,7 +69,8 @@ bench options:
   --trace-chain N        after timing, N cold graph replays whose kernels stamp the time of each
                          traced point; prints the medians (a -DLOOM_CHAIN_TRACE=ON build only)
   --phase-profile N      after timing, N cold replays whose register-loaded GEMM sums its cycles per
-                         phase; prints them (a -DLOOM_PHASE_PROFILE=ON build only)
+                         phase; prints them and the SM clock it ran at (a -DLOOM_PHASE_PROFILE=ON
+                         build only)
 )";
 
 const std::set<std::string> kWorkloadFlags = {"preset", "tokens",  "hidden",     "inter",      "experts",
