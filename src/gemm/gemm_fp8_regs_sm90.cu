@@ -876,7 +876,7 @@ void gemm_regs_phase_profile_print([[maybe_unused]] std::ostream& log, [[maybe_u
                 per_cta(3, kPhCombineWait), per_cta(3, kPhCombineRead));
   log << line;
   // The SM clock while the kernel runs (nvidia-smi's samples, 200 ms apart, showed 1980 MHz while
-  // this read 1.66-1.78 GHz; docs/perf.md, thirty-ninth session).
+  // this read 1.66-1.76 GHz; docs/perf.md, thirty-ninth session).
   std::snprintf(line, sizeof line, "    weight producer: %.2f us per CTA by the global timer, so %.3f GHz (cycles / ns)\n",
                 per_cta(2, kPhNanos) / 1000.0, ratio(double(v[2][kPhTotal]), double(v[2][kPhNanos])));
   log << line;
