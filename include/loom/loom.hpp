@@ -26,9 +26,6 @@ struct Options {
   // Check synchronously after each run and throw loom::Error on bad device data (ids out of range,
   // NaN router logits) or a CUDA error. Not capturable; for debugging.
   bool debug_checks = false;
-  // L2 prefetch of each CTA's first weight tile before the GEMM waits on its predecessor. Off by
-  // default: 1.3 us slower at T=128 on an H200, measured in the same run (docs/perf.md).
-  bool prefetch_weights = false;
   // Small batches routed by softmax: routing, dispatch and quantisation in one launch (up to 32
   // tokens), and the single-CTA dispatch (up to 2048 routes). Off: separate kernels, for comparison.
   bool fuse_small_batch = true;
@@ -36,14 +33,6 @@ struct Options {
   // each route to its expert's bin (one atomic) and the GEMM reads the bins, so no dispatch kernel
   // runs (a one-CTA clear kernel zeroes the bin counters first). Off: the count and dispatch kernels.
   bool expert_bins = true;
-  // FP8 promotion with a single accumulator rescaled in place at each 128-wide K block (x s_prev /
-  // s_next) instead of a block accumulator added into a second one. Measured against the default
-  // (docs/perf.md: slower, and worse in error: 2.4e-3 at K = 7168 against the 2e-3; the
-  // default 1.2e-4); kept as an option so the figures reproduce.
-  bool rescale_promotion = false;
-  // Fast combine by cp.reduce.async.bulk of staged rows instead of red.global.add.v4.f32 from
-  // registers. Measured against the default (docs/perf.md); an option so the figures reproduce.
-  bool bulk_combine = false;
 };
 
 // The GPU path's limits (plan() rejects anything beyond them with a message saying which):

@@ -62,13 +62,13 @@ constexpr int kUnitSlots = 2;        // dynamic tail: units announced ahead of t
 constexpr int kDynamicRounds = 1;
 constexpr int kWTileBytes = kBlockM * kBlockK;
 constexpr int kXTileBytes = kMaxChunk * kBlockK;
-// Which activation source a kernel instantiation serves (Rows::any: KernelArgs::gather says). The
+// Which activation source a kernel instantiation serves. The
 // gathered batches (T <= 32) have a kernel of their own, whose chunks are at most kGatherMaxTokens
 // rows: without the sorted-rows, dynamic-tail and wide-chunk code its code is 55 KB instead of
 // 128, and at small T the GEMM waits on instruction fetch (docs/perf.md, ninth and tenth sessions).
 // Gathered rows read from expert bins (the chunk walk) have one too: with the walk's code in the
 // T <= 32 kernel, T=1 took 13.9-14.2 us instead of 12.4-12.7 (docs/perf.md, twentieth session).
-enum class Rows { any, gathered, binned, sorted };
+enum class Rows { gathered, binned, sorted };
 __host__ __device__ constexpr bool gathers(Rows rows) { return rows == Rows::gathered || rows == Rows::binned; }
 __host__ __device__ constexpr int chunk_limit(Rows rows) { return gathers(rows) ? kGatherMaxTokens : kMaxChunk; }
 constexpr int kWalkChunk = chunk_limit(Rows::binned);  // the chunk walk's chunks: the gathered kernels' widest
@@ -105,7 +105,6 @@ struct KernelArgs {
   const uint8_t* x;       // [x_rows, K] e4m3: token order (gather) or expert-sorted rows
   const float* x_scales;  // [KB, x_rows]
   int64_t x_rows;
-  int gather;             // 1: gather rows by token with cp.async; 0: TMA boxes of sorted rows
   const int32_t* offsets;
   const int32_t* counts;  // expert bins (GemmFp8Params::expert_counts) or nullptr: offsets
   int stride;             // GemmFp8Params::expert_stride
@@ -114,11 +113,9 @@ struct KernelArgs {
   float* out;
   int experts, n, k, nblocks, kblocks;
   int atomic;
-  int prefetch;
   int dense;
   int split_k, kblocks_per_split;
   int balanced;  // CTAs take equal shares of the (unit, K block) space (GemmFp8Config::balanced)
-  int bulk_combine;  // atomic mode: cp.reduce.async.bulk rows instead of red.v4 (GemmFp8Config)
   // L2 eviction priority of the TMA loads: 1 = evict_first (read once, let it go first), 0 = normal.
   int weights_evict_first, x_evict_first;
   // Dynamic tail (sorted rows): [0] units taken from the queue, [1] CTAs done taking; nullptr =
@@ -464,10 +461,9 @@ __device__ __forceinline__ void unit_rows(const S& s, const KernelArgs& a, const
 }
 
 // Waits for a stage and issues its four k32 MMAs into `acc` (overwriting it: scale-d = 0 first).
-// accumulate: add onto acc (the in-place rescale variant) instead of overwriting it.
 template <int W, class S>
 __device__ __forceinline__ void issue_block(S& s, float (&acc)[W / 2], uint32_t stage, uint32_t phase,
-                                            int consumer, bool gather, bool accumulate = false) {
+                                            int consumer, bool gather) {
   ptx::mbar_wait(&s.full[stage], phase);
   if (threadIdx.x == 128) LOOM_TRACE(kGemmStageFull);
   // A gathered activation tile arrived through cp.async (generic proxy); wgmma reads it through
@@ -481,7 +477,7 @@ __device__ __forceinline__ void issue_block(S& s, float (&acc)[W / 2], uint32_t 
 #pragma unroll
   for (int ks = 0; ks < kBlockK / 32; ++ks) {
     // +32 bytes along K per k32 step = +2 in the descriptor's 16-byte address units.
-    ptx::WgmmaE4M3<W>::mma(acc, desc_a + 2 * ks, desc_b + 2 * ks, ks > 0 || accumulate ? 1 : 0);
+    ptx::WgmmaE4M3<W>::mma(acc, desc_a + 2 * ks, desc_b + 2 * ks, ks > 0 ? 1 : 0);
   }
   ptx::wgmma_commit_group();
 }
@@ -585,22 +581,6 @@ __device__ __forceinline__ void epilogue_in_consumers(S& s, const KernelArgs& a,
     constexpr int kGroupCols = W < kEpilogueCols ? W : kEpilogueCols;
     stage_fragment<kGroupCols, W>(stage_cols, final_acc, cg * (kEpilogueCols / 8));
     ptx::named_barrier_sync(barrier_id, 128);
-    if (a.bulk_combine) {
-      // One thread per token column: weight its 64 staged outputs, then one bulk reduction of
-      // 256 bytes into the token's output row (the async proxy reads the staging area).
-      const int col = int(wg_thread), chunk_col = cg * kEpilogueCols + col, n0 = nb * kBlockM + consumer * 64;
-      if (col < kGroupCols && chunk_col < chunk_rows && n0 < a.n) {
-        const float w = s.epi.chunk_weight[consumer][chunk_col];
-        float4* v = reinterpret_cast<float4*>(stage_cols[col]);
-#pragma unroll
-        for (int i = 0; i < 16; ++i) v[i] = make_float4(w * v[i].x, w * v[i].y, w * v[i].z, w * v[i].w);
-        ptx::fence_proxy_async_shared();
-        const int token = s.epi.chunk_token[consumer][chunk_col];
-        ptx::bulk_reduce_add_f32(a.out + int64_t(token) * a.n + n0, stage_cols[col], uint32_t(min(64, a.n - n0)) * 4u);
-        ptx::bulk_commit();
-        ptx::bulk_wait_read();
-      }
-    } else
     for (int item = wg_thread; item < kGroupCols * 16; item += 128) {
       const int col = item / 16, quad = item % 16;
       const int chunk_col = cg * kEpilogueCols + col;
@@ -661,34 +641,15 @@ __device__ __forceinline__ void drain_staged_chunks(S& s, const KernelArgs& a, i
     const int4 chunk = s.epi.chunk;
     if (chunk.y < 0) break;
     const int n = chunk.z * kBlockM + 4 * lane;
-    if (a.bulk_combine) {
-      // One bulk reduction per consumer half (64 outputs, 256 bytes) of each column, from the
-      // staging itself once weighted.
-      for (int col = epilogue_warp; col < chunk.y; col += kEpilogueWarps) {
-        float4* v = reinterpret_cast<float4*>(&s.epi.cols[half][col][4 * quad]);
-        const float w = s.epi.row_weight[col];
-        *v = make_float4(w * v->x, w * v->y, w * v->z, w * v->w);
-        ptx::fence_proxy_async_shared();  // this lane's stores, before the async proxy reads them
-        __syncwarp();
-        const int n0 = chunk.z * kBlockM + 64 * lane;
-        if (lane < 2 && n0 < a.n) {
-          ptx::bulk_reduce_add_f32(a.out + int64_t(s.epi.row_token[col]) * a.n + n0, s.epi.cols[lane][col],
-                                   uint32_t(min(64, a.n - n0)) * 4u);
-          ptx::bulk_commit();
-        }
-      }
-      if (lane < 2) ptx::bulk_wait_read();  // the staging is read before it is released
-    } else {
-      for (int col = epilogue_warp; col < chunk.y; col += kEpilogueWarps) {
-        const float w = s.epi.row_weight[col];
-        const float4 v = *reinterpret_cast<const float4*>(&s.epi.cols[half][col][4 * quad]);
-        if (n >= a.n) continue;
-        if (a.atomic)
-          ptx::red_add_v4_f32(a.out + int64_t(s.epi.row_token[col]) * a.n + n, w * v.x, w * v.y, w * v.z, w * v.w);
-        else
-          *reinterpret_cast<float4*>(a.out + int64_t(chunk.x + col) * a.n + n) =
-              make_float4(w * v.x, w * v.y, w * v.z, w * v.w);
-      }
+    for (int col = epilogue_warp; col < chunk.y; col += kEpilogueWarps) {
+      const float w = s.epi.row_weight[col];
+      const float4 v = *reinterpret_cast<const float4*>(&s.epi.cols[half][col][4 * quad]);
+      if (n >= a.n) continue;
+      if (a.atomic)
+        ptx::red_add_v4_f32(a.out + int64_t(s.epi.row_token[col]) * a.n + n, w * v.x, w * v.y, w * v.z, w * v.w);
+      else
+        *reinterpret_cast<float4*>(a.out + int64_t(chunk.x + col) * a.n + n) =
+            make_float4(w * v.x, w * v.y, w * v.z, w * v.w);
     }
     ptx::mbar_arrive(&s.epi.empty);  // every epilogue thread, after its own reads
     phase ^= 1;
@@ -699,7 +660,7 @@ __device__ __forceinline__ void drain_staged_chunks(S& s, const KernelArgs& a, i
 // the K loop with per-block promotion, then the weighted epilogue (in this warpgroup, or handed to
 // the epilogue warps).
 // quad: the hand-off kernel's scale-quad slot and phase (runs on across chunks, as ps does).
-template <int W, bool kRescale, class S>
+template <int W, class S>
 __device__ __forceinline__ void consume_chunk(S& s, PipelineState<S::kStages>& ps, uint32_t& handoff_phase,
                                               PipelineState<QuadScales::kSlots>& quad, const KernelArgs& a,
                                               const Unit& unit, int row0, int chunk_rows, int consumer, bool gather) {
@@ -713,7 +674,7 @@ __device__ __forceinline__ void consume_chunk(S& s, PipelineState<S::kStages>& p
   const float row_w = wg_row < chunk_rows ? __ldcg(a.row_weight + row0 + wg_row) : 0.0f;
   const int32_t row_t = wg_row < chunk_rows && a.atomic ? __ldcg(a.row_token + row0 + wg_row) : 0;
   const int scale_shift = gather ? 0 : row0 % kScaleAlign;
-  float final_acc[kRegs];  // zeroed below by the two-accumulator paths; the rescale path writes it at the end
+  float final_acc[kRegs];
   const float* wscale = a.weight_scales + (int64_t(e) * a.nblocks + nb) * a.kblocks;
   // The unit's weight scales, 32 K blocks at a time, one per lane: a global load per stage would
   // put its latency on every stage's critical path.
@@ -724,100 +685,52 @@ __device__ __forceinline__ void consume_chunk(S& s, PipelineState<S::kStages>& p
     return __shfl_sync(0xffffffffu, sw_lane, i % 32);
   };
 
-  if constexpr (kRescale) {
-    // One accumulator in units of the current block's scale s = weight_scale * activation_scale
-    // (per column): before block kb's MMAs add onto it, acc *= s_{kb-1} / s_kb; at the end
-    // final = acc * s_last. No second accumulator, and no MMA/rescale overlap.
-    float acc[kRegs], s_prev[W / 4];
 #pragma unroll
-    for (int i = 0; i < kRegs; ++i) acc[i] = 0.0f;
-    const int q = threadIdx.x % 4;
-    for (int kb = unit.kb_begin; kb < unit.kb_end; ++kb) {
-      const float sw = weight_scale(kb);
-      ptx::mbar_wait(&s.full[ps.stage], ps.phase);
-      float s_cur[W / 4];
+  for (int i = 0; i < kRegs; ++i) final_acc[i] = 0.0f;
+  // Two block accumulators: the MMAs of K block kb+1 run while block kb is promoted. Unrolled by
+  // two so each accumulator is a compile-time choice (register arrays stay registers). At W=128
+  // the three accumulators take 192 of the consumer's 224 registers; they fit (no spills) since
+  // shared memory is addressed as such (see align_pad in the kernel).
+  float acc0[kRegs], acc1[kRegs];
 #pragma unroll
-      for (int j = 0; j < W / 8; ++j) {
-        s_cur[2 * j] = block_scale(s, ps.stage, 8 * j + 2 * q, kb, scale_shift) * sw;
-        s_cur[2 * j + 1] = block_scale(s, ps.stage, 8 * j + 2 * q + 1, kb, scale_shift) * sw;
-      }
-      if (kb > unit.kb_begin) {
-#pragma unroll
-        for (int j = 0; j < W / 8; ++j) {
-          const float r0 = __fdiv_rn(s_prev[2 * j], s_cur[2 * j]), r1 = __fdiv_rn(s_prev[2 * j + 1], s_cur[2 * j + 1]);
-          acc[4 * j + 0] *= r0;
-          acc[4 * j + 1] *= r1;
-          acc[4 * j + 2] *= r0;
-          acc[4 * j + 3] *= r1;
-        }
-      }
-      issue_block<W>(s, acc, ps.stage, ps.phase, consumer, gather, kb > unit.kb_begin);
-      ptx::wgmma_wait_group<0>();
-#pragma unroll
-      for (int i = 0; i < kRegs; ++i) ptx::fence_operand(acc[i]);
-      __syncwarp();
-      if (threadIdx.x % 32 == 0) ptx::mbar_arrive(&s.empty[ps.stage]);
-#pragma unroll
-      for (int j = 0; j < W / 4; ++j) s_prev[j] = s_cur[j];
-      ps.advance();
-    }
-#pragma unroll
-    for (int j = 0; j < W / 8; ++j) {
-      final_acc[4 * j + 0] = acc[4 * j + 0] * s_prev[2 * j];
-      final_acc[4 * j + 1] = acc[4 * j + 1] * s_prev[2 * j + 1];
-      final_acc[4 * j + 2] = acc[4 * j + 2] * s_prev[2 * j];
-      final_acc[4 * j + 3] = acc[4 * j + 3] * s_prev[2 * j + 1];
-    }
-  } else {
-#pragma unroll
-    for (int i = 0; i < kRegs; ++i) final_acc[i] = 0.0f;
-  }
-  if constexpr (!kRescale) {
-    // Two block accumulators: the MMAs of K block kb+1 run while block kb is promoted. Unrolled by
-    // two so each accumulator is a compile-time choice (register arrays stay registers). At W=128
-    // the three accumulators take 192 of the consumer's 224 registers; they fit (no spills) since
-    // shared memory is addressed as such (see align_pad in the kernel).
-    float acc0[kRegs], acc1[kRegs];
-#pragma unroll
-    for (int i = 0; i < kRegs; ++i) acc0[i] = 0.0f, acc1[i] = 0.0f;
-    int kb = unit.kb_begin;
-    PipelineState<S::kStages> cur = ps;
-    issue_block<W>(s, acc0, cur.stage, cur.phase, consumer, gather);
-    while (true) {
-      PipelineState<S::kStages> next = cur;
-      next.advance();
-      if (kb + 1 < unit.kb_end) {
-        issue_block<W>(s, acc1, next.stage, next.phase, consumer, gather);
-        promote_block<W, 1>(s, acc0, final_acc, cur.stage, scale_read<S>(quad, cur.stage, kb, unit), kb,
-                            scale_shift, weight_scale(kb));
-        if constexpr (S::kHandoff) quad_done(s, quad, kb, unit);
-      } else {
-        promote_block<W, 0>(s, acc0, final_acc, cur.stage, scale_read<S>(quad, cur.stage, kb, unit), kb,
-                            scale_shift, weight_scale(kb));
-        if constexpr (S::kHandoff) quad_done(s, quad, kb, unit);
-        cur = next;
-        break;
-      }
-      ++kb;
+  for (int i = 0; i < kRegs; ++i) acc0[i] = 0.0f, acc1[i] = 0.0f;
+  int kb = unit.kb_begin;
+  PipelineState<S::kStages> cur = ps;
+  issue_block<W>(s, acc0, cur.stage, cur.phase, consumer, gather);
+  while (true) {
+    PipelineState<S::kStages> next = cur;
+    next.advance();
+    if (kb + 1 < unit.kb_end) {
+      issue_block<W>(s, acc1, next.stage, next.phase, consumer, gather);
+      promote_block<W, 1>(s, acc0, final_acc, cur.stage, scale_read<S>(quad, cur.stage, kb, unit), kb,
+                          scale_shift, weight_scale(kb));
+      if constexpr (S::kHandoff) quad_done(s, quad, kb, unit);
+    } else {
+      promote_block<W, 0>(s, acc0, final_acc, cur.stage, scale_read<S>(quad, cur.stage, kb, unit), kb,
+                          scale_shift, weight_scale(kb));
+      if constexpr (S::kHandoff) quad_done(s, quad, kb, unit);
       cur = next;
-      next.advance();
-      if (kb + 1 < unit.kb_end) {
-        issue_block<W>(s, acc0, next.stage, next.phase, consumer, gather);
-        promote_block<W, 1>(s, acc1, final_acc, cur.stage, scale_read<S>(quad, cur.stage, kb, unit), kb,
-                            scale_shift, weight_scale(kb));
-        if constexpr (S::kHandoff) quad_done(s, quad, kb, unit);
-      } else {
-        promote_block<W, 0>(s, acc1, final_acc, cur.stage, scale_read<S>(quad, cur.stage, kb, unit), kb,
-                            scale_shift, weight_scale(kb));
-        if constexpr (S::kHandoff) quad_done(s, quad, kb, unit);
-        cur = next;
-        break;
-      }
-      ++kb;
-      cur = next;
+      break;
     }
-    ps = cur;
+    ++kb;
+    cur = next;
+    next.advance();
+    if (kb + 1 < unit.kb_end) {
+      issue_block<W>(s, acc0, next.stage, next.phase, consumer, gather);
+      promote_block<W, 1>(s, acc1, final_acc, cur.stage, scale_read<S>(quad, cur.stage, kb, unit), kb,
+                          scale_shift, weight_scale(kb));
+      if constexpr (S::kHandoff) quad_done(s, quad, kb, unit);
+    } else {
+      promote_block<W, 0>(s, acc1, final_acc, cur.stage, scale_read<S>(quad, cur.stage, kb, unit), kb,
+                          scale_shift, weight_scale(kb));
+      if constexpr (S::kHandoff) quad_done(s, quad, kb, unit);
+      cur = next;
+      break;
+    }
+    ++kb;
+    cur = next;
   }
+  ps = cur;
 
   if constexpr (S::kHandoff)
     stage_for_epilogue_warps<W>(s, final_acc, handoff_phase, row0, chunk_rows, nb, consumer, row_w, row_t);
@@ -825,25 +738,22 @@ __device__ __forceinline__ void consume_chunk(S& s, PipelineState<S::kStages>& p
     epilogue_in_consumers<W>(s, a, final_acc, row0, chunk_rows, nb, consumer, row_w, row_t);
 }
 
-// kRescale: the in-place rescale promotion, a kernel of its own so the default's register
-// allocation is not shaped by it. kHandoff: the hand-off epilogue (sorted rows only). kRows: the
-// activation source it serves (Rows::any: KernelArgs::gather says).
+// kHandoff: the hand-off epilogue (sorted rows only). kRows: the activation source it serves.
 // kEarly: the compact gathering walk from early expert ids (KernelArgs::early_ids), a kernel of
 // its own: the ids' code beside the producer's loop slowed the other gathering batches' GEMM
 // (T=4 / 32 e2e +0.3-0.5 us).
-template <bool kRescale, bool kHandoff, Rows kRows, bool kEarly = false>
+template <bool kHandoff, Rows kRows, bool kEarly = false>
 __global__ void __launch_bounds__(kThreads, 1)
     gemm_fp8_block_kernel(const __grid_constant__ TensorMaps maps, const KernelArgs a) {
-  static_assert(!kEarly || (kRows == Rows::gathered && !kRescale), "early ids serve the gathering compact walk");
+  static_assert(!kEarly || kRows == Rows::gathered, "early ids serve the gathering compact walk");
   static_assert(!kHandoff || kRows == Rows::sorted, "the hand-off epilogue takes the producer threads a gather needs");
-  static_assert(!(kHandoff && kRescale), "the in-place rescale experiment runs with the epilogue in the consumers");
   static_assert(!kHandoff || kStagesHandoff <= 4,
                 "the producer runs at most one scale quad ahead (QuadScales::kSlots)");
   // The gathering kernels' chunks are at most kGatherMaxTokens rows: their stages hold no more.
   using S = std::conditional_t<gathers(kRows), GatheredStorage,
                                SharedStorage<kHandoff ? kStagesHandoff : kStagesInline, kHandoff>>;
   static_assert(S::kXRows >= chunk_limit(kRows), "a stage holds the kernel's widest chunk");
-  const bool gather = kRows == Rows::any ? a.gather != 0 : gathers(kRows);
+  constexpr bool gather = gathers(kRows);
   constexpr int kChunk = chunk_limit(kRows);
   constexpr bool kBins = kRows == Rows::binned;  // the chunk walk over expert bins
   extern __shared__ uint8_t smem_raw[];
@@ -875,16 +785,6 @@ __global__ void __launch_bounds__(kThreads, 1)
     }
     ptx::fence_mbar_init();
     ptx::prefetch_tensormap(&maps.w);
-    // The weights do not depend on earlier kernels: start pulling this CTA's first tile into L2
-    // while the routing, dispatch and quantisation kernels finish.
-    if (!kBins && a.dense && a.prefetch && int(blockIdx.x) < a.experts * a.nblocks * a.split_k) {
-      const int e = blockIdx.x / (a.nblocks * a.split_k), nb = blockIdx.x / a.split_k % a.nblocks;
-      const int rows = min(kBlockM, a.n - nb * kBlockM);
-      const uint8_t* base = a.weights + (int64_t(e) * a.n + nb * kBlockM) * a.k;
-      const int64_t bytes = int64_t(rows) * a.k;
-      for (int64_t off = 0; off < bytes; off += 65536)
-        ptx::prefetch_l2_bulk(base + off, uint32_t(bytes - off < 65536 ? bytes - off : 65536));
-    }
   }
   __syncthreads();
   // Everything after the PDL wait reads what the dispatch and quantisation kernels wrote. Every
@@ -1033,7 +933,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       // Measured e2e (two builds, one call, x3): T=128 72.3-72.5 vs 73.9-74.0, T=512 76.6-76.8 vs
       // 78.5-78.6 us; in the T <= 32 kernel (2-3 units per CTA) T=1 / 8 / 16 / 32 12.0-12.4 /
       // 24.6-24.7 / 36.1-36.4 / 48.7-49.1 vs 12.3-12.5 / 24.4-24.6 / 35.6-35.8 / 48.8-49.2: not
-      // there (docs/perf.md, twenty-fourth session). The rescale experiment's producer spilled with it.
+      // there (docs/perf.md, twenty-fourth session).
       constexpr bool kLookAhead = kBins;
       bool ahead = false, next_has = false;
       Unit next_unit;
@@ -1141,14 +1041,14 @@ __global__ void __launch_bounds__(kThreads, 1)
         const int chunk_rows = min(kChunk, rows - chunk), row0 = row_begin + chunk;
         const int wi = width_index(chunk_rows);
         if (wi == 0)
-          consume_chunk<16, kRescale>(s, ps, handoff_phase, quad, a, unit, row0, chunk_rows, consumer, gather);
+          consume_chunk<16>(s, ps, handoff_phase, quad, a, unit, row0, chunk_rows, consumer, gather);
         else if (gathers(kRows) || wi == 1)
-          consume_chunk<32, kRescale>(s, ps, handoff_phase, quad, a, unit, row0, chunk_rows, consumer, gather);
+          consume_chunk<32>(s, ps, handoff_phase, quad, a, unit, row0, chunk_rows, consumer, gather);
         else if constexpr (!gathers(kRows)) {
           if (wi == 2)
-            consume_chunk<64, kRescale>(s, ps, handoff_phase, quad, a, unit, row0, chunk_rows, consumer, gather);
+            consume_chunk<64>(s, ps, handoff_phase, quad, a, unit, row0, chunk_rows, consumer, gather);
           else
-            consume_chunk<128, kRescale>(s, ps, handoff_phase, quad, a, unit, row0, chunk_rows, consumer, gather);
+            consume_chunk<128>(s, ps, handoff_phase, quad, a, unit, row0, chunk_rows, consumer, gather);
         }
       }
     }
@@ -1177,13 +1077,10 @@ std::string GemmFp8Config::str() const {
            (x_evict_last ? ", activation rows L2 evict-last" : "");
   return "fp8 grouped GEMM: units of 128 weight rows x all of an expert's rows in {16..128}-wide chunks, " +
          std::to_string(stages) + " TMA stages, persistent grid, " +
-         (dense ? std::string("dense unit walk") + (prefetch ? " + L2 prefetch before the PDL wait" : "")
-                : std::string("compact unit walk over experts with rows")) +
+         (dense ? std::string("dense unit walk") : std::string("compact unit walk over experts with rows")) +
          (split_k > 1 ? ", split-K " + std::to_string(split_k) : "") +
          (balanced ? ", balanced shares of (unit, K block)" : "") + (dynamic ? ", dynamic tail (last round from a queue)" : "") +
          (x_source == XSource::gather_by_token ? ", rows gathered by token (cp.async)" : ", expert-sorted rows (TMA)") +
-         (rescale_promotion ? ", promotion: one accumulator rescaled in place" : "") +
-         (bulk_combine ? ", combine: cp.reduce.async.bulk rows" : "") +
          (weights_evict_first ? ", weights L2 evict-first" : "") +
          (x_evict_first ? ", activations L2 evict-first" : "") +
          (handoff_epilogue ? ", epilogue handed to the producer warpgroup's spare warps" : ", epilogue in the consumers") +
@@ -1206,10 +1103,9 @@ GemmFp8Config choose_gemm_fp8_config(int64_t tokens, int64_t topk, int64_t exper
   c.max_width = kMaxChunk;  // the chunk width adapts per expert at run time
   // Expected experts with rows under uniform routing: E (1 - (1 - k/E)^T).
   const double hit = double(experts) * (1.0 - std::pow(1.0 - double(topk) / double(experts), double(tokens)));
-  // Dense walk and prefetch pay when nearly every expert has rows (a prefetched tile is then
-  // almost surely used); otherwise they would pull unused weights through HBM.
+  // The dense walk when nearly every expert has rows: a CTA then knows its first unit before the
+  // routing exists (the gathering kernels' instruction-cache warm-up walks to it).
   c.dense = hit >= 0.9 * double(experts);
-  c.prefetch = c.dense;
   // Fewer units than SMs leave SMs idle: split K until there is about one unit per SM (atomic
   // combine only; a split needs its partial sums added). Not further: more, shorter units cost more
   // than the balance they buy. Measured e2e (same call, x2), T=1 (32 units): split 4 14.9 / 14.9,
@@ -1291,7 +1187,6 @@ GemmFp8Config choose_gemm_fp8_config(int64_t tokens, int64_t topk, int64_t exper
   if (allow_token_fragments && use_token_fragments(tokens, topk, experts, k, gather_from_bins_allowed)) {
     c = GemmFp8Config{};
     c.x_source = XSource::token_fragments;
-    c.prefetch = false;
     // L2 eviction priorities, when the weight stream outgrows half of L2 as above: the activation
     // rows (read by every unit of their row tile) evict-last, and the weights evict-first while an
     // expert reads them in at most about one and a half row tiles. Either way the weight stream does
@@ -1334,7 +1229,6 @@ GemmFp8Config choose_gemm_fp8_config(int64_t tokens, int64_t topk, int64_t exper
       1.5 * rows_per_expert <= double(resident_rows_capacity(n, k))) {
     c = GemmFp8Config{};
     c.resident_rows = true;
-    c.prefetch = false;
     c.weights_evict_first = stream_outgrows_l2;
     c.dynamic = true;
   }
@@ -1348,10 +1242,9 @@ void set_handoff_epilogue(GemmFp8Config& c, bool on) {
 
 int pipeline_stages(const GemmFp8Config& c) {
   // 6 x 16 KiB of weights in flight per SM, 4 beside the hand-off staging (what that costs where
-  // chunks are narrow: the measurements above); 8 in the gathering kernels (kStagesGathered). The
-  // rescale experiment's kernel serves both sources with the inline kernel's storage.
+  // chunks are narrow: the measurements above); 8 in the gathering kernels (kStagesGathered).
   if (c.handoff_epilogue) return kStagesHandoff;
-  return c.x_source == XSource::gather_by_token && !c.rescale_promotion ? kStagesGathered : kStagesInline;
+  return c.x_source == XSource::gather_by_token ? kStagesGathered : kStagesInline;
 }
 
 void launch_gemm_fp8(const GemmFp8Params& p, const GemmFp8Config& cfg, const DeviceInfo& device, cudaStream_t stream,
@@ -1359,10 +1252,9 @@ void launch_gemm_fp8(const GemmFp8Params& p, const GemmFp8Config& cfg, const Dev
   if (cfg.x_source == XSource::token_fragments) return launch_gemm_fp8_regs(p, cfg, device, stream, pdl);
   if (cfg.resident_rows) return launch_gemm_fp8_resident(p, cfg, device, stream, pdl);
   if (cfg.x_evict_last) throw Error("fp8 GEMM: x_evict_last is for the register-loaded GEMM (token fragments) only");
-  if (p.expert_counts &&
-      (cfg.x_source != XSource::gather_by_token || p.combine != CombineMode::atomic || cfg.rescale_promotion))
+  if (p.expert_counts && (cfg.x_source != XSource::gather_by_token || p.combine != CombineMode::atomic))
     throw Error("fp8 GEMM: expert bins are for the register-loaded GEMM and for gathered rows with the atomic "
-                "combine (not the rescale experiment)");
+                "combine");
   if (p.n <= 0 || p.k <= 0 || p.n % 16 || p.k % 16)
     throw Error("fp8 GEMM: N and K must be positive multiples of 16 (got N=" + std::to_string(p.n) +
                 ", K=" + std::to_string(p.k) + ")");
@@ -1379,15 +1271,12 @@ void launch_gemm_fp8(const GemmFp8Params& p, const GemmFp8Config& cfg, const Dev
     throw Error("fp8 GEMM: config not instantiated: " + cfg.str());
   if (cfg.handoff_epilogue && cfg.x_source != XSource::sorted_rows)
     throw Error("fp8 GEMM: the hand-off epilogue needs sorted rows (gathering takes every producer thread)");
-  if (cfg.handoff_epilogue && cfg.rescale_promotion)
-    throw Error("fp8 GEMM: the in-place rescale experiment runs with the epilogue in the consumers (no hand-off)");
   const ScaleLayout scale_layout = cfg.handoff_epilogue ? ScaleLayout::row_quads : ScaleLayout::group_major;
   if (p.x_scale_layout != scale_layout)
     throw Error(std::string("fp8 GEMM: this config reads activation scales ") +
                 (cfg.handoff_epilogue ? "in row quads (sorted rows, hand-off epilogue)" : "group-major") +
                 "; GemmFp8Params::x_scale_layout says otherwise");
-  if (p.early_ids && (cfg.x_source != XSource::gather_by_token || cfg.dense || cfg.rescale_promotion ||
-                      !p.hit_list || p.expert_counts || p.early_routes < 1 || p.early_routes > kEarlyIdWords))
+  if (p.early_ids && (cfg.x_source != XSource::gather_by_token || cfg.dense || !p.hit_list || p.expert_counts || p.early_routes < 1 || p.early_routes > kEarlyIdWords))
     throw Error("fp8 GEMM: early expert ids need a compact gathering walk with a hit list and 1 to " +
                 std::to_string(kEarlyIdWords) + " routes");
   if (p.experts > kMaxHitExperts) throw Error("fp8 GEMM: at most " + std::to_string(kMaxHitExperts) + " experts");
@@ -1421,7 +1310,6 @@ void launch_gemm_fp8(const GemmFp8Params& p, const GemmFp8Config& cfg, const Dev
                p.x,
                p.x_scales,
                p.x_rows,
-               gather ? 1 : 0,
                p.offsets,
                p.expert_counts,
                p.expert_stride,
@@ -1434,12 +1322,10 @@ void launch_gemm_fp8(const GemmFp8Params& p, const GemmFp8Config& cfg, const Dev
                nblocks,
                kblocks,
                p.combine == CombineMode::atomic ? 1 : 0,
-               cfg.prefetch ? 1 : 0,
                cfg.dense ? 1 : 0,
                (kblocks + kb_per_split - 1) / kb_per_split,
                kb_per_split,
                cfg.balanced ? 1 : 0,
-               cfg.bulk_combine && p.combine == CombineMode::atomic ? 1 : 0,
                cfg.weights_evict_first ? 1 : 0,
                cfg.x_evict_first && !gather ? 1 : 0,
                cfg.dynamic ? p.work_queue : nullptr,
@@ -1449,22 +1335,18 @@ void launch_gemm_fp8(const GemmFp8Params& p, const GemmFp8Config& cfg, const Dev
                cfg.warm_up && pdl && gather && (p.expert_counts || p.hit_list != nullptr || cfg.dense) ? 1 : 0};
   // + alignment slack for the 1024-byte base
   const size_t smem = (cfg.handoff_epilogue ? sizeof(HandoffStorage)
-                       : gather && !cfg.rescale_promotion ? sizeof(GatheredStorage)
-                                                          : sizeof(InlineStorage)) + 1024;
-  // The enumerated instantiations: gathered batches (from offsets, or from expert bins by the chunk
-  // walk), sorted rows with either epilogue, and the in-place rescale experiment (either source,
-  // epilogue in the consumers).
+                       : gather           ? sizeof(GatheredStorage)
+                                          : sizeof(InlineStorage)) + 1024;
+  // The enumerated instantiations: gathered batches (from offsets or early ids, or from expert bins
+  // by the chunk walk), sorted rows with either epilogue.
   using Kernel = void (*)(const TensorMaps, const KernelArgs);
-  static constexpr Kernel kernels[6] = {
-      gemm_fp8_block_kernel<false, false, Rows::gathered>, gemm_fp8_block_kernel<false, false, Rows::sorted>,
-      gemm_fp8_block_kernel<false, true, Rows::sorted>,    gemm_fp8_block_kernel<true, false, Rows::any>,
-      gemm_fp8_block_kernel<false, false, Rows::binned>,
-      gemm_fp8_block_kernel<false, false, Rows::gathered, true>};
-  const int variant = cfg.rescale_promotion ? 3
-                      : gather              ? (p.expert_counts ? 4 : p.early_ids ? 5 : 0)
-                                            : (cfg.handoff_epilogue ? 2 : 1);
+  static constexpr Kernel kernels[5] = {
+      gemm_fp8_block_kernel<false, Rows::gathered>, gemm_fp8_block_kernel<false, Rows::sorted>,
+      gemm_fp8_block_kernel<true, Rows::sorted>, gemm_fp8_block_kernel<false, Rows::binned>,
+      gemm_fp8_block_kernel<false, Rows::gathered, true>};
+  const int variant = gather ? (p.expert_counts ? 3 : p.early_ids ? 4 : 0) : (cfg.handoff_epilogue ? 2 : 1);
   const Kernel kernel = kernels[variant];
-  static bool configured[6] = {};
+  static bool configured[5] = {};
   if (!configured[variant]) {
     LOOM_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
     configured[variant] = true;

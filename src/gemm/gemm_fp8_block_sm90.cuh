@@ -79,10 +79,9 @@ struct GemmFp8Config {
   int stages = 8;
   int max_width = 128;   // widest token chunk (the MMA's N)
   // dense: units walk all E experts (empty ones skipped), so a CTA knows its first unit before the
-  // routing exists and can prefetch its weights into L2 ahead of the PDL wait. compact: units walk
-  // only the experts with rows (found after the wait), spread evenly over the grid.
+  // routing exists. compact: units walk only the experts with rows (found after the wait), spread
+  // evenly over the grid.
   bool dense = true;
-  bool prefetch = true;  // dense only
   int split_k = 1;       // K ranges per (expert, 128 rows); > 1 only with the atomic combine
   // Each CTA takes an equal share of all (unit, K block) pairs, cutting units at any K block
   // (atomic combine only; replaces split_k): no CTA streams a whole unit more than another.
@@ -93,13 +92,6 @@ struct GemmFp8Config {
   // unequal rates).
   bool dynamic = false;
   XSource x_source = XSource::gather_by_token;  // what GemmFp8Params::x holds
-  // Promotion: false = block accumulator added into a final one (scaled), true = one accumulator
-  // rescaled in place by s_prev / s_next at each K block (the issue's experiment; see perf.md).
-  // The experiment runs with the epilogue in the consumers only (not with handoff_epilogue).
-  bool rescale_promotion = false;
-  // Fast combine: one cp.reduce.async.bulk of a token's 64 outputs from shared memory instead of
-  // red.global.add.v4.f32 from each thread (the issue's comparison; see perf.md).
-  bool bulk_combine = false;
   // L2 eviction priority of the TMA loads (evict_first: the loaded lines leave L2 first).
   bool weights_evict_first = false;
   bool x_evict_first = false;  // sorted rows only
@@ -127,7 +119,7 @@ struct GemmFp8Config {
 // The config for a run of `tokens` tokens; every choice is printable and justified in the
 // implementation. deterministic: the combine must not depend on atomics (no split-K). The caller
 // lays the activations out as x_source says. allow_token_fragments = false keeps to the kernels
-// that take the experiment options (rescale promotion, bulk combine). routes_in_bins: the routes
+// with weights on M (for tests of their walks at any batch). routes_in_bins: the routes
 // can reach the GEMM in expert bins (GemmFp8Params::expert_counts; routes from logits, fast
 // combine), which lets batches above kGatherMaxTokens gather by token too.
 GemmFp8Config choose_gemm_fp8_config(int64_t tokens, int64_t topk, int64_t experts, int64_t n, int64_t k,

@@ -774,11 +774,10 @@ void launch_gemm_fp8_regs(const GemmFp8Params& p, const GemmFp8Config& cfg, cons
                 std::to_string(p.expert_stride));
   if (reinterpret_cast<uintptr_t>(p.x) % 16 || reinterpret_cast<uintptr_t>(p.x_scales) % 4)
     throw Error(who + "the activation rows must be 16-byte aligned");
-  if (cfg.split_k != 1 || cfg.balanced || cfg.handoff_epilogue || cfg.rescale_promotion || cfg.bulk_combine ||
+  if (cfg.split_k != 1 || cfg.balanced || cfg.handoff_epilogue ||
       cfg.x_evict_first)
-    throw Error(who + "takes none of split-K, balanced shares, the hand-off epilogue, the rescale promotion, the "
-                      "bulk-combine option (its atomic combine is always by bulk reductions) or an activation "
-                      "eviction hint: " + cfg.str());
+    throw Error(who + "takes none of split-K, balanced shares, the hand-off epilogue or an activation eviction "
+                      "hint: " + cfg.str());
   if (cfg.dynamic && !p.work_queue) throw Error(who + "the dynamic tail needs a work_queue");
   Args a{p.x, p.x_scales, p.x_rows, p.x_scale_layout == ScaleLayout::row_quads ? 1 : 0, p.weight_scales, p.offsets,
          p.expert_counts, p.expert_stride, p.row_token,

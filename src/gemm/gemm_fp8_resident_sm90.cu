@@ -394,7 +394,7 @@ void launch_gemm_fp8_resident(const GemmFp8Params& p, const GemmFp8Config& cfg, 
   if (cfg.x_source != XSource::gather_by_token || p.x_scale_layout != ScaleLayout::group_major)
     throw Error(who + "reads token-order rows (XSource::gather_by_token) with group-major scales");
   if (cfg.dynamic && !p.work_queue) throw Error(who + "the dynamic walk needs a work_queue");
-  if (cfg.split_k != 1 || cfg.balanced || cfg.handoff_epilogue || cfg.rescale_promotion || cfg.bulk_combine ||
+  if (cfg.split_k != 1 || cfg.balanced || cfg.handoff_epilogue ||
       cfg.x_evict_first || cfg.x_evict_last || cfg.wide_tiles)
     throw Error(who + "takes none of the other kernels' options (its combine is always by bulk reductions): " +
                 cfg.str());

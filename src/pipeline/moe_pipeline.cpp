@@ -30,21 +30,12 @@ namespace {
 // Routes from which the routing kernel hands dispatch+quantise its token masks (see chain_for).
 constexpr int64_t kTokenMasksMinRoutes = 4096;
 
-// The register-loaded GEMM takes none of the experiment options.
-bool token_fragments_allowed(const Options& o) { return !o.rescale_promotion && !o.bulk_combine; }
-
-// The GEMM config for a run of `tokens`: the chooser's, with the options' experiments applied.
-// routes_in_bins: the run's routes can reach the GEMM in expert bins (routes_through_bins).
+// The GEMM config for a run of `tokens`. routes_in_bins: the run's routes can reach the GEMM in
+// expert bins (routes_through_bins).
 GemmFp8Config gemm_config_for(const Shape& s, const Options& o, int64_t tokens, const DeviceInfo& dev,
                               bool routes_in_bins) {
-  GemmFp8Config gc = choose_gemm_fp8_config(tokens, s.topk, s.experts, s.inter, s.hidden, o.deterministic, dev,
-                                            token_fragments_allowed(o), routes_in_bins);
-  gc.prefetch = gc.prefetch && o.prefetch_weights;
-  gc.rescale_promotion = o.rescale_promotion;
-  // The experiment has no hand-off kernel; the call also sets the stage count of its kernel.
-  if (gc.rescale_promotion) set_handoff_epilogue(gc, false);
-  gc.bulk_combine = o.bulk_combine;
-  return gc;
+  return choose_gemm_fp8_config(tokens, s.topk, s.experts, s.inter, s.hidden, o.deterministic, dev, true,
+                                routes_in_bins);
 }
 
 // The largest batch of at most `tokens` whose GEMM reads the expert-sorted copy (0: none): batches
@@ -54,9 +45,7 @@ GemmFp8Config gemm_config_for(const Shape& s, const Options& o, int64_t tokens, 
 // expert every batch takes fragments if the largest does. Without expert bins (routes from ids), so
 // the wide tiles from their higher threshold: the copy then holds every batch either way.
 int64_t largest_sorted_batch(const Shape& s, const Options& o, int64_t tokens) {
-  auto fragments = [&](int64_t t) {
-    return token_fragments_allowed(o) && use_token_fragments(t, s.topk, s.experts, s.hidden);
-  };
+  auto fragments = [&](int64_t t) { return use_token_fragments(t, s.topk, s.experts, s.hidden); };
   if (tokens <= kGatherMaxTokens) return 0;
   if (!fragments(tokens)) return tokens;
   const int64_t all_fragments_from =
@@ -72,7 +61,7 @@ int64_t largest_sorted_batch(const Shape& s, const Options& o, int64_t tokens) {
 // GEMM, which batches take from a rows-per-expert threshold up to the kernel's 32-bit limit
 // (use_token_fragments), so checking the largest batch below that limit suffices.
 bool plan_uses_bins(const Shape& s, const Options& o, int64_t tokens) {
-  if (!o.expert_bins || o.deterministic || !token_fragments_allowed(o)) return false;
+  if (!o.expert_bins || o.deterministic) return false;
   const int64_t smallest_above_gather = kGatherMaxTokens + 1;
   if (tokens >= smallest_above_gather &&
       double(smallest_above_gather) * double(s.topk) / double(s.experts) <= kGatherBinsMaxRowsPerExpert)
@@ -313,8 +302,7 @@ void run_stages(const Plan& p, const Weights& w, const Inputs& in, void* output,
   // start before its PDL wait. Only when that GEMM runs after it in this run: a GEMM launched
   // alone would wait for ids nobody writes.
   const bool early_ids = fused && do_route && do_gemm && int64_t(T) * k <= kEarlyIdWords &&
-                         route_dispatch_small_ctas(T) == 1 && gc.x_source == XSource::gather_by_token && !gc.dense &&
-                         !gc.rescale_promotion;
+                         route_dispatch_small_ctas(T) == 1 && gc.x_source == XSource::gather_by_token && !gc.dense;
   rp.early_ids = early_ids ? at<uint32_t>(workspace, L.early_ids) : nullptr;
   // Routing then dispatch+quantise: the routing kernel also writes the token masks the dispatch
   // would otherwise count from the ids (every word, every run: nothing to clear).

@@ -101,7 +101,7 @@ TEST(GemmFp8Config, ResidentRowsFromExpertBins) {
     EXPECT_EQ(c.x_source, XSource::gather_by_token) << t;
     EXPECT_TRUE(c.dynamic) << t;
     EXPECT_EQ(c.split_k, 1) << t;
-    EXPECT_FALSE(c.balanced || c.handoff_epilogue || c.rescale_promotion || c.bulk_combine || c.wide_tiles) << t;
+    EXPECT_FALSE(c.balanced || c.handoff_epilogue || c.wide_tiles) << t;
     EXPECT_FALSE(choose_gemm_fp8_config(t, 8, 256, 512, 2048, false, h200_like()).resident_rows) << t;  // no bins
     EXPECT_FALSE(choose_gemm_fp8_config(t, 8, 256, 512, 2048, true, h200_like(), true, true).resident_rows) << t;
     EXPECT_FALSE(choose_gemm_fp8_config(t, 8, 256, 512, 2048, false, h200_like(), false, true).resident_rows) << t;
@@ -165,13 +165,9 @@ TEST(GemmFp8Config, StageCountIsTheInstantiations) {
           EXPECT_EQ(c.stages, 4) << t;
         }
       }
-  // The default config (gathered rows) is consistent as it stands; the rescale experiment's kernel
-  // keeps the inline kernel's depth.
+  // The default config (gathered rows) is consistent as it stands.
   GemmFp8Config d;
   EXPECT_EQ(d.stages, pipeline_stages(d));
-  d.rescale_promotion = true;
-  set_handoff_epilogue(d, false);
-  EXPECT_EQ(d.stages, 6);
 }
 
 }  // namespace

@@ -62,9 +62,6 @@ bench options:
                          (register-loaded GEMM batches, and gathering ones above 32 tokens)
   --dist-logits          run a distribution of ids (balanced, zipf, hot, ...) from router logits
                          whose softmax top-k are those ids, through the routing kernel
-  --prefetch             L2-prefetch each GEMM CTA's first weight tile before the PDL wait
-  --rescale-promotion    FP8 promotion by one accumulator rescaled in place (experiment)
-  --bulk-combine         fast combine by cp.reduce.async.bulk rows instead of red.v4 (experiment)
   --no-check             skip the comparison of the GPU output with the CPU reference
   --trace-chain N        after timing, N cold graph replays whose kernels stamp the time of each
                          traced point; prints the medians (a -DLOOM_CHAIN_TRACE=ON build only)
@@ -139,8 +136,8 @@ int cmd_bench(int argc, char** argv) {
   valued.insert({"reps", "warmup", "json", "csv", "max-copies", "max-cpu-gflop", "trace-chain",
                  "phase-profile"});
   const Args a(rest(argc, argv), valued,
-               {"no-renorm", "sweep", "no-sol", "deterministic", "no-pdl", "eager", "prefetch", "no-check", "no-fuse", "no-bins",
-                "rescale-promotion", "bulk-combine", "dist-logits"});
+               {"no-renorm", "sweep", "no-sol", "deterministic", "no-pdl", "eager", "no-check", "no-fuse", "no-bins",
+                "dist-logits"});
   const Workload w = parse_workload(a);
   loom::bench::BenchOptions opt;
   opt.preset = w.preset;
@@ -160,11 +157,8 @@ int cmd_bench(int argc, char** argv) {
   opt.max_cpu_gflop = a.number("max-cpu-gflop", 40);
   opt.layer.deterministic = a.has("deterministic");
   opt.layer.pdl = !a.has("no-pdl");
-  opt.layer.prefetch_weights = a.has("prefetch");
   opt.layer.fuse_small_batch = !a.has("no-fuse");
   opt.layer.expert_bins = !a.has("no-bins");
-  opt.layer.rescale_promotion = a.has("rescale-promotion");
-  opt.layer.bulk_combine = a.has("bulk-combine");
   opt.timer.graph = !a.has("eager");
   opt.check = !a.has("no-check");
   opt.trace_chain = int(a.integer("trace-chain", 0));
