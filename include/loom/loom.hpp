@@ -35,12 +35,6 @@ struct Options {
   bool expert_bins = true;
 };
 
-// The GPU path's limits (plan() rejects anything beyond them with a message saying which):
-// mode single, dtype fp8, E <= 512, k <= 16, H (= K) and I (= N) multiples of 16 up to 65536
-// (a width that is not a multiple of 128 ends in a shorter 128-block with its own scale).
-inline constexpr int64_t kGpuMaxExperts = 512;
-inline constexpr int64_t kGpuMaxTopk = 16;
-
 struct Plan {
   Shape shape;  // shape.tokens = the most tokens a run may carry
   Routing routing;

@@ -58,6 +58,13 @@ inline constexpr int64_t kMaxExperts = 4096;
 inline constexpr int64_t kMaxTokens = 1 << 22;
 inline constexpr int64_t kWidthAlign = 16;       // H and I must be multiples of this (TMA rows)
 
+// The GPU path's limits (plan() rejects anything beyond them with a message saying which):
+// E <= 512, k <= 16; H and I multiples of 16 up to 65536 (a width that is not a multiple of 128
+// ends in a shorter 128-block with its own scale). Every kernel that keeps a per-expert table in
+// registers or shared memory sizes it by kGpuMaxExperts.
+inline constexpr int64_t kGpuMaxExperts = 512;
+inline constexpr int64_t kGpuMaxTopk = 16;
+
 // Throw Error with a one-line message when the shape or routing is not valid.
 void validate(const Shape&);
 void validate(const Routing&, const Shape&);

@@ -10,6 +10,15 @@
 
 namespace loom {
 
+// Raises `kernel`'s dynamic shared-memory limit to at least `bytes` on the current device (the
+// opt-in above 48 KiB), once per device, kernel and size. Thread-safe; a kernel launched on a
+// second GPU of the process is opted in there too (the attribute is per device).
+void ensure_dynamic_smem(const void* kernel, size_t bytes);
+template <class... Params>
+void ensure_dynamic_smem(void (*kernel)(Params...), size_t bytes) {
+  ensure_dynamic_smem(reinterpret_cast<const void*>(kernel), bytes);
+}
+
 // cluster_x > 1: thread-block clusters of cluster_x CTAs along x (grid.x a multiple of it).
 template <class... Params, class... Args>
 void launch_kernel_clustered(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem_bytes, cudaStream_t stream,

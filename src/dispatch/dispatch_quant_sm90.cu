@@ -21,7 +21,6 @@ constexpr int kNarrowThreads = 512, kWideThreads = 1024;
 constexpr int64_t kWideMinTokens = 1024;
 constexpr int kIdBatch = 8;                   // top-k id (or token mask) loads in flight per thread
 constexpr int kMaxWarps = 32;
-constexpr int kFusedMaxExperts = 512;         // one expert per thread in the offset scan
 constexpr size_t kMaxSmemBytes = 160 * 1024;  // masks + prefixes of E x ceil(T/32) words each
 
 struct Smem {
@@ -57,7 +56,7 @@ template <int kThreads, bool kMasks>
 __global__ void __launch_bounds__(kThreads)
     dispatch_quant_kernel(const DispatchParams dp, const QuantGatherParams qp, int quantise_early) {
   constexpr int kWarps = kThreads / 32;
-  static_assert(kFusedMaxExperts <= kThreads && kWarps <= kMaxWarps && kThreads % 32 == 0,
+  static_assert(kGpuMaxExperts <= kThreads && kWarps <= kMaxWarps && kThreads % 32 == 0,
                 "offset scan: one expert per thread, one warp of warp sums");
   extern __shared__ int32_t smem_raw[];
   const int E = dp.experts, k = dp.topk, T = dp.tokens, words = (T + 31) / 32;
@@ -219,7 +218,7 @@ __global__ void __launch_bounds__(kThreads)
 
 bool dispatch_quant_fits(int64_t tokens, int64_t topk, int64_t experts) {
   const int64_t words = (tokens + 31) / 32;
-  return tokens > 0 && experts <= kFusedMaxExperts &&
+  return tokens > 0 && experts <= kGpuMaxExperts &&
          int64_t(Smem::bytes(int(experts), int(words))) <= int64_t(kMaxSmemBytes) && tokens * topk <= INT32_MAX;
 }
 
@@ -245,11 +244,7 @@ void launch_dispatch_quant(const DispatchParams& dp, const QuantGatherParams& qp
       {dispatch_quant_kernel<kWideThreads, false>, dispatch_quant_kernel<kWideThreads, true>}};
   const Kernel kernel = kernels[wide][masks];
   const int threads = wide ? kWideThreads : kNarrowThreads;
-  static bool configured[2][2] = {{false, false}, {false, false}};
-  if (!configured[wide][masks]) {
-    LOOM_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(kMaxSmemBytes)));
-    configured[wide][masks] = true;
-  }
+  ensure_dynamic_smem(kernel, kMaxSmemBytes);
   // As many CTAs as the quantisation has work for, at most grid_ctas (each builds the layout once).
   const int64_t needed = (quant_gather_threads(qp) + threads - 1) / threads;
   const int grid = int(std::max<int64_t>(1, std::min<int64_t>(needed, grid_ctas)));

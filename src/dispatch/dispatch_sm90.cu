@@ -42,7 +42,6 @@
 // adds 4 (its own 3, and one before re-zeroing the table).
 #include "dispatch/dispatch_sm90.cuh"
 
-#include <atomic>
 #include <cstdint>
 #include <limits>
 #include <string>
@@ -393,24 +392,6 @@ Plan make_plan(int64_t tokens, int64_t topk, int64_t experts) {
   return plan;
 }
 
-// Opts the dispatch kernel in to more than 48 KiB of dynamic shared memory, once per device and size.
-void ensure_smem(size_t bytes) {
-  constexpr size_t kDefault = 48 * 1024;
-  constexpr int kDevices = 64;
-  static std::atomic<size_t> configured[kDevices];
-  if (bytes <= kDefault) return;
-  int device = 0;
-  LOOM_CUDA_CHECK(cudaGetDevice(&device));
-  std::atomic<size_t>* slot = device >= 0 && device < kDevices ? &configured[device] : nullptr;
-  if (slot && slot->load(std::memory_order_relaxed) >= bytes) return;
-  LOOM_CUDA_CHECK(cudaFuncSetAttribute(dispatch_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(bytes)));
-  if (slot) {
-    size_t seen = slot->load(std::memory_order_relaxed);
-    while (seen < bytes && !slot->compare_exchange_weak(seen, bytes, std::memory_order_relaxed)) {
-    }
-  }
-}
-
 }  // namespace
 
 DispatchLaunch dispatch_launch_shape(int64_t tokens, int64_t topk, int64_t experts) {
@@ -439,7 +420,7 @@ void launch_dispatch(const DispatchParams& p, cudaStream_t stream, bool pdl) {
     launch_kernel(dispatch_count_kernel, dim3(unsigned(plan.launch.ctas)), dim3(unsigned(kThreads)),
                   size_t(p.experts + 1) * sizeof(int32_t), stream, pdl, p, plan.geometry);
   }
-  ensure_smem(plan.launch.smem_bytes);
+  ensure_dynamic_smem(dispatch_kernel, plan.launch.smem_bytes);
   launch_kernel(dispatch_kernel, dim3(unsigned(plan.launch.ctas)), dim3(unsigned(plan.launch.threads)),
                 plan.launch.smem_bytes, stream, pdl, p, plan.geometry);
 }

@@ -18,7 +18,7 @@
 #include <cstddef>
 #include <cstdint>
 
-#include "pipeline/device_layout.hpp"
+#include "contract/device_layout.hpp"
 
 namespace loom {
 

@@ -4,7 +4,7 @@
 
 #include "common/launch.hpp"
 #include "loom/types.hpp"
-#include "pipeline/device_layout.hpp"
+#include "contract/device_layout.hpp"
 #include "ptx/pdl.cuh"
 
 namespace loom {

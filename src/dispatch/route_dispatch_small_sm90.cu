@@ -18,13 +18,11 @@ namespace {
 
 constexpr int kThreads = 1024;
 constexpr int kWarps = kThreads / 32;
-constexpr int kSmallMaxExperts = 512;
 static_assert(kSmallBatchMaxTokens <= kWarps && kSmallBatchMaxTokens <= 32,
               "the fused kernel routes one token per warp and keeps 32-bit token masks");
-static_assert(kSmallMaxExperts <= kThreads && kWarps == 32, "the offset scan: one expert per thread, one warp of warp sums");
+static_assert(kGpuMaxExperts <= kThreads && kWarps == 32, "the offset scan: one expert per thread, one warp of warp sums");
 
-constexpr int kSmallMaxTopk = 16;
-constexpr int kMaxRoutes = kSmallBatchMaxTokens * kSmallMaxTopk;  // T * k: the routed ids and weights CTA 0 gathers
+constexpr int kMaxRoutes = kSmallBatchMaxTokens * int(kGpuMaxTopk);  // T * k: the routed ids and weights CTA 0 gathers
 constexpr int kTokensPerRouteCta = 8;  // one SM routes up to 8 tokens (warps) without running out of issue
 constexpr int kMaxRouteCtas = kSmallBatchMaxTokens / kTokensPerRouteCta;
 static_assert(kMaxRouteCtas <= 8, "a portable cluster has at most 8 CTAs");
@@ -116,7 +114,7 @@ __device__ __forceinline__ void route_dispatch_by_token_masks(const RouteTopkPar
 
   // Offsets: exclusive scan of the popcounts, thread e = expert e (E <= 512 <= kThreads), and in the
   // upper half-word the scan of "has rows" (the hit list's slots): both stay below 2^16.
-  static_assert(kMaxRoutes < (1 << 16) && kSmallMaxExperts < (1 << 15), "two 16-bit scans in one word");
+  static_assert(kMaxRoutes < (1 << 16) && kGpuMaxExperts < (1 << 15), "two 16-bit scans in one word");
   const int count = int(threadIdx.x) < E ? __popc(masks[threadIdx.x]) : 0;
   const int count_hit = count | (count > 0 ? 1 << 16 : 0);
   int incl = count_hit;
@@ -147,7 +145,7 @@ __device__ __forceinline__ void route_dispatch_by_token_masks(const RouteTopkPar
   // Warp t writes token t's routes, lane j slot j (T <= kWarps, k <= 16): no loop, whose unrolled
   // copies the compiler laid out on the path (cold instruction fetch at every replay), and no
   // division for the token.
-  static_assert(kSmallBatchMaxTokens <= kWarps && kSmallMaxTopk <= 32, "a warp per token, a lane per slot");
+  static_assert(kSmallBatchMaxTokens <= kWarps && int(kGpuMaxTopk) <= 32, "a warp per token, a lane per slot");
   if (const int t = warp; t < rp.tokens && lane < k) {
     const int route = t * k + lane;
     const int32_t id = route_id[route];
@@ -306,8 +304,8 @@ __global__ void __launch_bounds__(kThreads, 1)
 }  // namespace
 
 bool route_dispatch_small_fits(int tokens, int topk, int experts, const Routing& routing) {
-  return routing.scoring == Scoring::softmax && experts <= kSmallMaxExperts && tokens <= kSmallBatchMaxTokens &&
-         topk <= kSmallMaxTopk;
+  return routing.scoring == Scoring::softmax && experts <= kGpuMaxExperts && tokens <= kSmallBatchMaxTokens &&
+         topk <= int(kGpuMaxTopk);
 }
 
 // One SM routes up to 8 tokens; beyond, 32 tokens on one SM are issue-bound (T=32: the fused
@@ -317,7 +315,7 @@ bool route_dispatch_small_fits(int tokens, int topk, int experts, const Routing&
 int route_dispatch_small_ctas(int tokens) { return tokens <= kTokensPerRouteCta ? 1 : kMaxRouteCtas; }
 
 bool dispatch_small_fits(int tokens, int topk, int experts) {
-  return experts <= kSmallMaxExperts && int64_t(tokens) * topk <= kSmallBatchMaxRoutes;
+  return experts <= kGpuMaxExperts && int64_t(tokens) * topk <= kSmallBatchMaxRoutes;
 }
 
 namespace {
@@ -327,8 +325,7 @@ template <bool kRoute, int V>
 void launch_one(const RouteTopkParams& rp, const DispatchParams& dp, const QuantGatherParams& qp, int quant_ctas,
                 cudaStream_t stream, bool pdl) {
   const size_t smem = Layout::bytes(dp.experts);
-  LOOM_CUDA_CHECK(cudaFuncSetAttribute(route_dispatch_small_kernel<kRoute, V>,
-                                       cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
+  ensure_dynamic_smem(route_dispatch_small_kernel<kRoute, V>, smem);
   const int route_ctas = kRoute ? route_dispatch_small_ctas(rp.tokens) : 1;
   const int quant_clusters = (quant_ctas + route_ctas - 1) / route_ctas;
   launch_kernel_clustered(route_dispatch_small_kernel<kRoute, V>, dim3(route_ctas * (1 + quant_clusters)),

@@ -4,9 +4,11 @@
 
 #include <cstdint>
 
+#include "loom/types.hpp"
+
 namespace loom {
 
-inline constexpr int kExpertScanMaxExperts = 32 * 16;
+static_assert(kGpuMaxExperts <= 32 * 16, "one warp scans every expert, 16 a lane");
 
 // Called by the 32 lanes of one warp (lane: 0-31). On entry starts[e + 1] holds expert e's count
 // (e < experts); on return starts[e] is the sum of the counts before e, and starts[experts] the total.

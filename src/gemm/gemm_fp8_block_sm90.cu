@@ -17,7 +17,7 @@
 #include "gemm/promote_rows.cuh"
 #include "gemm/ring_cursor.cuh"
 #include "gemm/work_queue.cuh"
-#include "pipeline/device_layout.hpp"
+#include "contract/device_layout.hpp"
 #include "ptx/barrier.cuh"
 #include "ptx/cp_async.cuh"
 #include "ptx/mbarrier.cuh"
@@ -54,7 +54,6 @@ constexpr int kEpilogueWarps = 3;  // hand-off epilogue: producer warps 1-3 (war
 // box therefore starts at the row rounded down to a multiple of 4 and carries 4 extra floats.
 constexpr int kScaleAlign = 4;
 constexpr int kXsStride = 160;  // floats per stage: >= kMaxChunk + kScaleAlign, 128-byte multiple
-constexpr int kMaxHitExperts = 512;  // compact mode keeps the list of experts with rows in shared memory
 constexpr int kUnitSlots = 2;        // dynamic tail: units announced ahead of the consumers
 // Dynamic tail: units go round robin except the last kDynamicRounds rounds' worth, which CTAs take
 // from a global queue as they finish (one round measured best: taking every unit from the queue
@@ -192,10 +191,10 @@ struct alignas(1024) SharedStorage {
   int4 unit_ring[kUnitSlots];
   uint64_t unit_full[kUnitSlots];
   uint64_t unit_empty[kUnitSlots];
-  int32_t hit_experts[kMaxHitExperts];  // compact mode: experts with rows, ascending
-  int2 hit_range[kMaxHitExperts];       // ... and their (first row, rows), when read from a.hit_list
+  int32_t hit_experts[kGpuMaxExperts];  // compact mode: experts with rows, ascending
+  int2 hit_range[kGpuMaxExperts];       // ... and their (first row, rows), when read from a.hit_list
   int32_t hit_count;
-  int32_t chunk_hits[kMaxHitExperts / 32];
+  int32_t chunk_hits[kGpuMaxExperts / 32];
   alignas(16) int32_t early_key[kEarlyIdWords];  // read_early_ids
 };
 using InlineStorage = SharedStorage<kStagesInline, false>;
@@ -275,7 +274,7 @@ __device__ __forceinline__ Unit decode_unit(const S& s, const KernelArgs& a, int
   if constexpr (kBins) {
     // Clamped so that the warm-up's dry walk, which decodes before the walk is built (stale shared
     // memory), stays in bounds; a built walk never needs the clamps.
-    const int hits = min(max(s.hit_count, 1), kMaxHitExperts);
+    const int hits = min(max(s.hit_count, 1), int(kGpuMaxExperts));
     Unit unit;
     unit.kb_begin = 0;
     unit.kb_end = a.kblocks;
@@ -848,7 +847,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     PipelineState<S::kStages> ps;
     // Warm-up: the dry walk takes the first unit of a walk whose indices are valid before the wait:
     // dense, the real one (its count needs no inputs); compact, a grid-sized one (hit-list slots
-    // below gridDim.x / ceil(N/128), within kMaxHitExperts); the chunk walk, a grid-sized one
+    // below gridDim.x / ceil(N/128), within kGpuMaxExperts); the chunk walk, a grid-sized one
     // (its decode clamps what it reads).
     WorkCursor work(a, warm_up ? (a.dense && !kBins ? unit_count<kBins>(s, a) : int(gridDim.x)) : units);
     Unit unit;
@@ -1092,7 +1091,7 @@ bool use_token_fragments(int64_t tokens, int64_t topk, int64_t experts, int64_t 
   const double wide_from = routes_in_bins ? kWideTilesFromBinsRowsPerExpert : kWideTilesRowsPerExpert[0];
   const bool wide = rows >= wide_from && rows < kWideTilesRowsPerExpert[1] && k % (2 * kBlockK) == 0;
   return (rows >= kTokenFragmentsMinRowsPerExpert || wide) &&
-         k % kBlockK == 0 && k >= kRegsRing * kBlockK && k <= kRegsMaxK && experts <= kMaxHitExperts &&
+         k % kBlockK == 0 && k >= kRegsRing * kBlockK && k <= kRegsMaxK && experts <= kGpuMaxExperts &&
          tokens * k < (int64_t(1) << 31);
 }
 
@@ -1279,7 +1278,7 @@ void launch_gemm_fp8(const GemmFp8Params& p, const GemmFp8Config& cfg, const Dev
   if (p.early_ids && (cfg.x_source != XSource::gather_by_token || cfg.dense || !p.hit_list || p.expert_counts || p.early_routes < 1 || p.early_routes > kEarlyIdWords))
     throw Error("fp8 GEMM: early expert ids need a compact gathering walk with a hit list and 1 to " +
                 std::to_string(kEarlyIdWords) + " routes");
-  if (p.experts > kMaxHitExperts) throw Error("fp8 GEMM: at most " + std::to_string(kMaxHitExperts) + " experts");
+  if (p.experts > kGpuMaxExperts) throw Error("fp8 GEMM: at most " + std::to_string(kGpuMaxExperts) + " experts");
   if (cfg.split_k > 1 && p.combine != CombineMode::atomic) throw Error("fp8 GEMM: split-K needs the atomic combine");
   if (cfg.split_k > 1 && p.expert_counts) throw Error("fp8 GEMM: the chunk walk over expert bins takes no split-K");
   if (cfg.dynamic && (cfg.x_source != XSource::sorted_rows || cfg.balanced || !p.work_queue))
@@ -1346,11 +1345,7 @@ void launch_gemm_fp8(const GemmFp8Params& p, const GemmFp8Config& cfg, const Dev
       gemm_fp8_block_kernel<false, Rows::gathered, true>};
   const int variant = gather ? (p.expert_counts ? 3 : p.early_ids ? 4 : 0) : (cfg.handoff_epilogue ? 2 : 1);
   const Kernel kernel = kernels[variant];
-  static bool configured[5] = {};
-  if (!configured[variant]) {
-    LOOM_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
-    configured[variant] = true;
-  }
+  ensure_dynamic_smem(kernel, smem);
   // Persistent grid: one CTA per SM (at most one unit per CTA when there are fewer units).
   const int64_t units = int64_t(p.experts) * nblocks * (cfg.balanced ? kblocks : a.split_k);
   if (units >= (int64_t(1) << 31)) throw Error("fp8 GEMM: E x ceil(N/128) x ceil(K/128) exceeds the kernel's 32-bit work index");

@@ -29,7 +29,7 @@
 #include <string>
 
 #include "common/device_info.hpp"
-#include "pipeline/device_layout.hpp"
+#include "contract/device_layout.hpp"
 
 namespace loom {
 

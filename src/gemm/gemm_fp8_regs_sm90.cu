@@ -14,7 +14,7 @@
 #include "gemm/expert_scan.cuh"
 #include "gemm/ring_cursor.cuh"
 #include "gemm/work_queue.cuh"
-#include "pipeline/device_layout.hpp"
+#include "contract/device_layout.hpp"
 #include "ptx/clock.cuh"
 #include "ptx/cp_async.cuh"
 #include "ptx/mbarrier.cuh"
@@ -93,7 +93,6 @@ constexpr int kStages = 4;
 constexpr int kRing = kRegsRing;
 constexpr int kThreads = 384;    // warpgroup 0: producer warps (TMA, unit records, scales); 1, 2: consumers
 constexpr int kConsumerWarps = 8;
-constexpr int kMaxTileExperts = 512;
 constexpr int kMaxK = kRegsMaxK;  // weight scales per unit held in shared memory
 static_assert(kMaxK % kBlockK == 0, "whole K blocks");
 constexpr int kWTileBytes = kTileCols * kBlockK;
@@ -104,7 +103,6 @@ static_assert(kBlockK == 4 * 32, "four k32 MMAs per K block; a quad lane's 32 fr
 static_assert(kTileRows == 2 * 64 && kThreads == 3 * 128, "one producer and two consumer warpgroups of 64 rows");
 static_assert(kTileCols == 128, "the MMA wrapper is m64n128k32; one weight-scale block per tile");
 static_assert(128 * kProducerRegs + 256 * kConsumerRegs <= kThreads * kLaunchRegs, "the CTA's register pool");
-static_assert(kMaxTileExperts == kExpertScanMaxExperts, "one expert scan covers every expert");
 
 // A unit's rows as the consumers need them, loaded ahead by producer warp 1 (so no global load
 // of the consumers shares a scoreboard with their activation loads in flight).
@@ -156,9 +154,9 @@ struct alignas(1024) Smem {
   uint64_t out_empty[2];          // the combine warp, once its bulk reductions have read the block
   uint64_t full[kStages];
   uint64_t empty[kStages];
-  int32_t tile_start[kMaxTileExperts + 1];  // row tiles of the experts before e (tile_start[E]: all)
-  int32_t expert_row[kMaxTileExperts];  // expert e's rows are [expert_row[e], expert_end[e])
-  int32_t expert_end[kMaxTileExperts];
+  int32_t tile_start[kGpuMaxExperts + 1];  // row tiles of the experts before e (tile_start[E]: all)
+  int32_t expert_row[kGpuMaxExperts];  // expert e's rows are [expert_row[e], expert_end[e])
+  int32_t expert_end[kGpuMaxExperts];
   UnitMeta meta[kMetaSlots];
   uint64_t meta_full[kMetaSlots];   // the loader warp's 32 lanes, after their stores
   uint64_t meta_empty[kMetaSlots];  // every consumer thread and warp 2's lanes, after their last read of the unit
@@ -754,8 +752,8 @@ void launch_gemm_fp8_regs(const GemmFp8Params& p, const GemmFp8Config& cfg, cons
   if (p.n <= 0 || p.k <= 0 || p.n % 16 || p.k % kBlockK || p.k > kMaxK)
     throw Error(who + "N must be a positive multiple of 16 and K a multiple of 128 up to " + std::to_string(kMaxK) +
                 " (got N=" + std::to_string(p.n) + ", K=" + std::to_string(p.k) + ")");
-  if (p.experts <= 0 || p.experts > kMaxTileExperts)
-    throw Error(who + "experts must be in [1, " + std::to_string(kMaxTileExperts) + "]");
+  if (p.experts <= 0 || p.experts > kGpuMaxExperts)
+    throw Error(who + "experts must be in [1, " + std::to_string(kGpuMaxExperts) + "]");
   if (p.k < kRing * kBlockK)
     throw Error(who + "K must be at least " + std::to_string(kRing * kBlockK) + " (the register ring), got " +
                 std::to_string(p.k));
@@ -793,14 +791,8 @@ void launch_gemm_fp8_regs(const GemmFp8Params& p, const GemmFp8Config& cfg, cons
                                              p.k, p.k, kTileCols, kBlockK, TmaSwizzle::b128, TmaL2Promotion::b128);
   static_assert(sizeof(Smem) + 1024 <= 227 * 1024, "shared memory budget of one sm_90 CTA");
   const size_t smem = sizeof(Smem) + 1024;  // + alignment slack for the 1024-byte base
-  static bool configured = false;
-  if (!configured) {
-    LOOM_CUDA_CHECK(
-        cudaFuncSetAttribute(gemm_fp8_regs_kernel<false>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
-    LOOM_CUDA_CHECK(
-        cudaFuncSetAttribute(gemm_fp8_regs_kernel<true>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
-    configured = true;
-  }
+  ensure_dynamic_smem(gemm_fp8_regs_kernel<false>, smem);
+  ensure_dynamic_smem(gemm_fp8_regs_kernel<true>, smem);
   // Persistent: one CTA per SM; the row tiles are known only on the device.
   if (cfg.wide_tiles)
     launch_kernel(gemm_fp8_regs_kernel<true>, dim3(device.sm_count), dim3(kThreads), smem, stream, pdl, map, a);

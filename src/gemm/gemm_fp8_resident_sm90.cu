@@ -12,7 +12,7 @@
 #include "gemm/promote_rows.cuh"
 #include "gemm/ring_cursor.cuh"
 #include "gemm/work_queue.cuh"
-#include "pipeline/device_layout.hpp"
+#include "contract/device_layout.hpp"
 #include "ptx/barrier.cuh"
 #include "ptx/cp_async.cuh"
 #include "ptx/mbarrier.cuh"
@@ -36,7 +36,6 @@ constexpr int kThreads = 384;       // warpgroup 0: producers; 1, 2: consumers
 constexpr int kConsumerWarps = 8;
 constexpr int kGatherThreads = 64;  // producer warps 2 and 3
 constexpr int kMaxChunkRows = 48;   // widest chunk (the MMA's N)
-constexpr int kMaxUnitExperts = 512;
 constexpr int kMaxKBlocks = 64;     // K <= 8192: one token slot (and its barriers) per K block
 constexpr int kMaxUnitScales = 512; // a unit's weight scales (N/128 x K/128), in its record
 constexpr int kWTileBytes = kTileRows * kBlockK;
@@ -52,7 +51,6 @@ static_assert(kGatherThreads == 8 * 8, "8 threads per 128-byte row (16 bytes eac
 static_assert(kMaxChunkRows % 16 == 0 && kMaxChunkRows <= kGatherThreads, "widths in 16s; a scale per gather thread");
 static_assert(kMaxChunkRows <= 128, "one bulk reduction per token by a thread of the consumer warpgroup");
 static_assert(kStageStride * 4 % 16 == 0, "each staged token starts 16-byte aligned (bulk copies)");
-static_assert(kMaxUnitExperts == kExpertScanMaxExperts, "one expert scan covers every expert");
 
 struct UnitMeta {
   int32_t token[kMaxChunkRows];  // -1 past the chunk's rows
@@ -69,9 +67,9 @@ struct alignas(1024) Smem {
   uint64_t tok_full[kMaxKBlocks];   // the gather threads' cp.async of the slot have landed
   uint64_t tok_empty[kMaxKBlocks];  // the consumers' last weight block has read the slot
   uint64_t meta_full[kMetaSlots], meta_empty[kMetaSlots];
-  int32_t chunk_start[kMaxUnitExperts + 1];  // units of the experts before e (chunk_start[E]: all)
-  int32_t expert_begin[kMaxUnitExperts];
-  int32_t expert_rows[kMaxUnitExperts];
+  int32_t chunk_start[kGpuMaxExperts + 1];  // units of the experts before e (chunk_start[E]: all)
+  int32_t expert_begin[kGpuMaxExperts];
+  int32_t expert_rows[kGpuMaxExperts];
 };
 // After Smem: kblocks token slots of capacity x 128 bytes, then kblocks x capacity activation scales.
 constexpr size_t kSmemFixed = sizeof(Smem) + 1024;  // + alignment slack for the 1024-byte base
@@ -379,8 +377,8 @@ void launch_gemm_fp8_resident(const GemmFp8Params& p, const GemmFp8Config& cfg, 
                       "(K <= " + std::to_string(int64_t(kSmemLimit - kSmemFixed) / (16 * (kBlockK + 4)) * kBlockK) +
                 ", N/128 x K/128 <= " + std::to_string(kMaxUnitScales) + "), got N=" + std::to_string(p.n) +
                 ", K=" + std::to_string(p.k));
-  if (p.experts <= 0 || p.experts > kMaxUnitExperts)
-    throw Error(who + "experts must be in [1, " + std::to_string(kMaxUnitExperts) + "]");
+  if (p.experts <= 0 || p.experts > kGpuMaxExperts)
+    throw Error(who + "experts must be in [1, " + std::to_string(kGpuMaxExperts) + "]");
   if (p.combine != CombineMode::atomic) throw Error(who + "atomic combine only");
   if (int64_t(p.experts) * p.n >= (int64_t(1) << 31) || p.x_rows <= 0 || p.x_rows * p.k >= (int64_t(1) << 31))
     throw Error(who + "sizes exceed the kernel's 32-bit coordinates");
@@ -405,12 +403,7 @@ void launch_gemm_fp8_resident(const GemmFp8Params& p, const GemmFp8Config& cfg, 
   const CUtensorMap map = make_tensor_map_2d(p.weights, CU_TENSOR_MAP_DATA_TYPE_UINT8, 1, uint64_t(p.experts) * p.n,
                                              p.k, p.k, kTileRows, kBlockK, TmaSwizzle::b128, TmaL2Promotion::b128);
   const size_t smem = kSmemFixed + size_t(kblocks) * capacity * (kBlockK + 4);
-  static size_t configured = 0;  // the largest dynamic shared memory set so far
-  if (smem > configured) {
-    LOOM_CUDA_CHECK(
-        cudaFuncSetAttribute(gemm_fp8_resident_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
-    configured = smem;
-  }
+  ensure_dynamic_smem(gemm_fp8_resident_kernel, smem);
   // Persistent: one CTA per SM; the units are known only on the device.
   launch_kernel(gemm_fp8_resident_kernel, dim3(device.sm_count), dim3(kThreads), smem, stream, pdl, map, a);
 }

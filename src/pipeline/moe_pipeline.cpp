@@ -16,7 +16,7 @@
 #include "gemm/combine_rows_sm90.cuh"
 #include "gemm/gemm_fp8_block_sm90.cuh"
 #include "loom/loom.hpp"
-#include "pipeline/device_layout.hpp"
+#include "contract/device_layout.hpp"
 #include "pipeline/moe_pipeline.hpp"
 #include "quant/quant_gather_sm90.cuh"
 #include "quant/quant_ref.hpp"

@@ -14,7 +14,7 @@
 
 #include <cstdint>
 
-#include "pipeline/device_layout.hpp"
+#include "contract/device_layout.hpp"
 
 namespace loom {
 

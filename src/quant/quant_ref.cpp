@@ -8,7 +8,7 @@
 
 #include "common/parallel.hpp"
 #include "loom/types.hpp"
-#include "pipeline/device_layout.hpp"
+#include "contract/device_layout.hpp"
 #include "quant/fp8_e4m3.hpp"
 
 // Bit-exact fp32 rules: every float result below is one IEEE operation (division, comparison),

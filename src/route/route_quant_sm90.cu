@@ -5,7 +5,7 @@
 
 #include "common/chain_trace.cuh"
 #include "common/launch.hpp"
-#include "pipeline/device_layout.hpp"
+#include "contract/device_layout.hpp"
 #include "ptx/pdl.cuh"
 #include "quant/quant_gather_device.cuh"
 #include "route/route_topk_device.cuh"

@@ -8,7 +8,7 @@
 #include <cstdint>
 
 #include "common/chain_trace.cuh"
-#include "pipeline/device_layout.hpp"
+#include "contract/device_layout.hpp"
 #include "ptx/prefetch.cuh"
 #include "route/route_topk_sm90.cuh"
 

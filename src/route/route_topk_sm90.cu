@@ -66,7 +66,7 @@ __device__ __forceinline__ void route_topk_body(const RouteTopkParams& p) {
     route_one_token<V, kSigmoid, kWarps>(p, token, lane, warp, id, weight);
     if (threadIdx.x == 0) LOOM_TRACE(kRouteEnd);
   } else {
-    __shared__ uint32_t expert_bits[kWarps][kRouteMaxExperts / 32];  // per token: its experts as bits
+    __shared__ uint32_t expert_bits[kWarps][kGpuMaxExperts / 32];  // per token: its experts as bits
     int32_t id = 0;  // lane j < k: the expert of slot j
     float weight;
     const bool routed = token < p.tokens;  // every warp reaches the barrier below
@@ -80,7 +80,7 @@ __device__ __forceinline__ void route_topk_body(const RouteTopkParams& p) {
       const int e = __shfl_sync(0xffffffffu, id, r);
       if (routed && (e >> 5) == lane) bits |= 1u << (e & 31);
     }
-    if (lane < kRouteMaxExperts / 32) expert_bits[warp][lane] = bits;
+    if (lane < kGpuMaxExperts / 32) expert_bits[warp][lane] = bits;
     __syncthreads();
     const int64_t token0 = int64_t(blockIdx.x) * kWarps;
     uint8_t* dst = reinterpret_cast<uint8_t*>(p.token_masks + (token0 / 32) * p.experts) + (token0 % 32) / 8;
@@ -127,12 +127,12 @@ void launch_for_scoring(const RouteTopkParams& p, int slots, dim3 grid, cudaStre
 
 void check_route_topk(const RouteTopkParams& p) {
   if (p.tokens < 0) throw Error("route_topk: tokens must be >= 0, got " + std::to_string(p.tokens));
-  if (p.experts <= 0 || p.experts > kRouteMaxExperts)
+  if (p.experts <= 0 || p.experts > kGpuMaxExperts)
     throw Error("route_topk: experts = " + std::to_string(p.experts) + " is outside the kernel's range [1, " +
-                std::to_string(kRouteMaxExperts) + "]");
-  if (p.topk <= 0 || p.topk > kRouteMaxTopk || p.topk > p.experts)
+                std::to_string(kGpuMaxExperts) + "]");
+  if (p.topk <= 0 || p.topk > kGpuMaxTopk || p.topk > p.experts)
     throw Error("route_topk: topk = " + std::to_string(p.topk) + " must be in [1, min(experts = " +
-                std::to_string(p.experts) + ", " + std::to_string(kRouteMaxTopk) + ")]");
+                std::to_string(p.experts) + ", " + std::to_string(kGpuMaxTopk) + ")]");
   Shape shape;
   shape.experts = p.experts;
   shape.topk = p.topk;

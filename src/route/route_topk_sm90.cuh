@@ -21,8 +21,8 @@
 
 namespace loom {
 
-inline constexpr int kRouteMaxExperts = 512;  // each lane keeps ceil(E / 32) <= 16 scores in registers
-inline constexpr int kRouteMaxTopk = 16;
+// Each lane keeps ceil(E / 32) <= 16 scores in registers.
+static_assert(kGpuMaxExperts <= 32 * 16, "the routing's per-lane score slots");
 
 struct RouteTopkParams {
   const float* logits = nullptr;  // [T, E] fp32, device

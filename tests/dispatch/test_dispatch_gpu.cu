@@ -23,7 +23,7 @@
 #include "dispatch/dispatch_sm90.cuh"
 #include "gpu_test.hpp"
 #include "loom/types.hpp"
-#include "pipeline/device_layout.hpp"
+#include "contract/device_layout.hpp"
 #include "ptx/pdl.cuh"
 #include "test_seed.hpp"
 #include "workload/workload.hpp"

@@ -16,7 +16,7 @@
 #include "dispatch/dispatch_quant_sm90.cuh"
 #include "dispatch/dispatch_ref.hpp"
 #include "gpu_test.hpp"
-#include "pipeline/device_layout.hpp"
+#include "contract/device_layout.hpp"
 #include "stage_buffers.hpp"
 #include "test_seed.hpp"
 #include "workload/workload.hpp"

@@ -15,7 +15,7 @@
 #include "gemm/gemm_fp8_resident_sm90.cuh"
 #include "gemm/gemm_ref.hpp"
 #include "gpu_test.hpp"
-#include "pipeline/device_layout.hpp"
+#include "contract/device_layout.hpp"
 #include "pipeline/layer_ref.hpp"
 #include "quant/quant_ref.hpp"
 #include "test_seed.hpp"

@@ -11,7 +11,7 @@
 #include "gemm/gemm_fp8_block_sm90.cuh"
 #include "gpu_test.hpp"
 #include "loom/loom.hpp"
-#include "pipeline/device_layout.hpp"
+#include "contract/device_layout.hpp"
 #include "pipeline/gpu_reference.cuh"
 #include "pipeline/layer_ref.hpp"
 #include "pipeline/moe_pipeline.hpp"

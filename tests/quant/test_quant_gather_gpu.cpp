@@ -21,7 +21,7 @@
 #include "bench/device_buffer.hpp"
 #include "gpu_test.hpp"
 #include "loom/types.hpp"
-#include "pipeline/device_layout.hpp"
+#include "contract/device_layout.hpp"
 #include "quant/quant_gather_sm90.cuh"
 #include "quant/quant_ref.hpp"
 #include "test_seed.hpp"

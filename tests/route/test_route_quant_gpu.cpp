@@ -11,7 +11,7 @@
 #include "bench/device_buffer.hpp"
 #include "common/rng.hpp"
 #include "gpu_test.hpp"
-#include "pipeline/device_layout.hpp"
+#include "contract/device_layout.hpp"
 #include "dispatch/dispatch_ref.hpp"
 #include "dispatch/expert_bins_clear_sm90.cuh"
 #include "route/route_quant_sm90.cuh"

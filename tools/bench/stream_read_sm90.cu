@@ -1,6 +1,7 @@
 #include "bench/stream_read_sm90.cuh"
 
 #include "common/cuda_check.hpp"
+#include "common/launch.hpp"
 #include "ptx/mbarrier.cuh"
 #include "ptx/tma.cuh"
 
@@ -140,12 +141,7 @@ __global__ void __launch_bounds__(kBulkThreads)
 template <int kStages>
 void launch_bulk(const DeviceReadArgs& d, int ctas, int run, cudaStream_t stream) {
   const size_t smem = size_t(kStages) * kChunkBytes + 2 * kStages * sizeof(uint64_t) + kStages * sizeof(uint32_t);
-  static bool configured = false;  // the attribute, once per instantiation
-  if (!configured) {
-    LOOM_CUDA_CHECK(
-        cudaFuncSetAttribute(stream_read_bulk_kernel<kStages>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
-    configured = true;
-  }
+  ensure_dynamic_smem(stream_read_bulk_kernel<kStages>, smem);
   const uint32_t chunks0 = (d.elems[0] * 16u + kChunkBytes - 1) / kChunkBytes;
   const uint32_t chunks1 = d.elems[1] ? (d.elems[1] * 16u + kChunkBytes - 1) / kChunkBytes : 0u;
   const uint32_t segments = d.group0_total / d.elems[0];

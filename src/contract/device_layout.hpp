@@ -34,6 +34,7 @@
 #include <cstdint>
 
 #include "loom/status.hpp"  // LayerStatus: written by the dispatch kernel every run (plain stores)
+#include "loom/types.hpp"   // kGpuMaxExperts: every per-expert table below and in the stages
 
 namespace loom {
 
@@ -73,7 +74,8 @@ static_assert(fragment_word(0) == 0 && fragment_word(4) == 1 && fragment_word(8)
 // none: its weight loads then start while the layout and the quantised rows are still being written.
 inline constexpr int kEarlyIdWords = 32;
 inline constexpr uint32_t kEarlyIdValid = 1u << 31;
-inline constexpr uint32_t kEarlyIdMask = 0x3ffu;  // id + 1 <= 512
+inline constexpr uint32_t kEarlyIdMask = 0x3ffu;
+static_assert(kGpuMaxExperts + 1 <= kEarlyIdMask, "an early id word holds id + 1");
 
 // Floats a scale buffer of `groups` x `rows` needs in either layout.
 inline constexpr int64_t scale_floats(int64_t groups, int64_t rows) { return round_up(groups, 4) * rows; }
