@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Configure and build loom (Release, every kernel for sm_90a) into ${BUILD_DIR:-build}.
+# Configure and build loom (Release, every kernel for sm_90a) and its lab (LAB=OFF: without) into
+# ${BUILD_DIR:-build}.
 # TRACE=1 configures a new build folder with the chain tracer's stamps (-DLOOM_CHAIN_TRACE=ON);
 # PROFILE=1 one with the register-loaded GEMM's phase profile (-DLOOM_PHASE_PROFILE=ON).
 set -euo pipefail
@@ -9,7 +10,8 @@ command -v nvcc >/dev/null || export PATH=/usr/local/cuda/bin:$PATH
 generator=()
 if command -v ninja >/dev/null; then generator=(-G Ninja); fi
 if [ ! -f "$build_dir/CMakeCache.txt" ]; then
-  cmake -S . -B "$build_dir" "${generator[@]}" -DCMAKE_BUILD_TYPE=Release ${TRACE:+-DLOOM_CHAIN_TRACE=ON} \
+  cmake -S . -B "$build_dir" "${generator[@]}" -DCMAKE_BUILD_TYPE=Release -DLOOM_BUILD_LAB=${LAB:-ON} \
+    ${TRACE:+-DLOOM_CHAIN_TRACE=ON} \
     ${PROFILE:+-DLOOM_PHASE_PROFILE=ON}
 fi
 cmake --build "$build_dir" -j "${JOBS:-$(nproc)}"

@@ -6,8 +6,8 @@
 #   CHECK_BENCH extra `loom bench` runs, ';'-separated argument lists (default: the presets)
 #   GTEST_FILTER which tests to run (default all)
 #   SKIP_PEAKS  set: skip `loom peaks`
-#   SKIP_SKELETON set: skip the probes: `loom skeleton`, `gather-probe`, `stream-probe`, `warp-probe`
-#               (~10 s)
+#   SKIP_SKELETON set: skip the lab's probes: `loom-lab skeleton`, `gather-probe`, `stream-probe`,
+#               `warp-probe` (~10 s; a build with the lab only)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 build=${BUILD_DIR:-build}
@@ -15,7 +15,7 @@ out=${OUT:-out}
 mkdir -p "$out/logs"
 export LD_LIBRARY_PATH=/usr/local/cuda/lib64:/usr/local/cuda/targets/x86_64-linux/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
 loom=$build/tools/loom
-tests=$build/tests/loom_tests
+lab=$build/lab/loom-lab
 summary=$out/logs/summary.txt
 : > "$summary"
 note() { echo "$*" | tee -a "$summary"; }
@@ -31,14 +31,17 @@ note() { echo "$*" | tee -a "$summary"; }
 filter=${GTEST_FILTER:-*}
 : > "$out/logs/tests.log"
 test_rc=0
-"$tests" --gtest_filter="$filter:-*Gpu.*" >> "$out/logs/tests.log" 2>&1 || test_rc=1
-# "Suite.Test1:Suite.Test2" per GPU suite, from the tests the filter selects.
-"$tests" --gtest_filter="$filter" --gtest_list_tests |
-  awk '/^[^ ]/ { suite = $1 } /^  / && suite ~ /Gpu\.$/ { t[suite] = t[suite] (t[suite] ? ":" : "") suite $1 }
-       END { for (s in t) print t[s] }' > "$out/logs/gpu-suites.txt"
-while read -r selection; do
-  "$tests" --gtest_filter="$selection" >> "$out/logs/tests.log" 2>&1 || test_rc=1
-done < "$out/logs/gpu-suites.txt"
+for tests in "$build/tests/loom_tests" "$build/lab/loom_lab_tests"; do
+  [ -x "$tests" ] || continue
+  "$tests" --gtest_filter="$filter:-*Gpu.*" >> "$out/logs/tests.log" 2>&1 || test_rc=1
+  # "Suite.Test1:Suite.Test2" per GPU suite, from the tests the filter selects.
+  "$tests" --gtest_filter="$filter" --gtest_list_tests |
+    awk '/^[^ ]/ { suite = $1 } /^  / && suite ~ /Gpu\.$/ { t[suite] = t[suite] (t[suite] ? ":" : "") suite $1 }
+         END { for (s in t) print t[s] }' > "$out/logs/gpu-suites.txt"
+  while read -r selection; do
+    "$tests" --gtest_filter="$selection" >> "$out/logs/tests.log" 2>&1 || test_rc=1
+  done < "$out/logs/gpu-suites.txt"
+done
 passed=$(grep -c '^\[       OK \]' "$out/logs/tests.log")
 failed=$(grep -c '^\[  FAILED  \] [A-Za-z].*(' "$out/logs/tests.log")
 skipped=$(grep -c '^\[  SKIPPED \] [A-Za-z].*(' "$out/logs/tests.log")
@@ -47,7 +50,7 @@ note "tests: rc=$test_rc passed=$passed failed=$failed skipped=$skipped (GPU tes
 grep '^\[  FAILED  \] [A-Za-z].*(' "$out/logs/tests.log" | sort -u | tee -a "$summary"
 
 if [ -n "${SANITIZE_FILTER:-}" ] && command -v compute-sanitizer >/dev/null; then
-  compute-sanitizer --tool memcheck --error-exitcode 9 "$tests" --gtest_filter="$SANITIZE_FILTER" \
+  compute-sanitizer --tool memcheck --error-exitcode 9 "$build/tests/loom_tests" --gtest_filter="$SANITIZE_FILTER" \
     > "$out/logs/memcheck.log" 2>&1
   note "memcheck ($SANITIZE_FILTER): rc=$?"
 fi
@@ -57,14 +60,14 @@ if [ -z "${SKIP_PEAKS:-}" ]; then
   note "peaks: rc=$?"
 fi
 
-if [ -z "${SKIP_SKELETON:-}" ]; then
-  "$loom" skeleton > "$out/logs/skeleton.txt" 2> "$out/logs/skeleton.err"
+if [ -z "${SKIP_SKELETON:-}" ] && [ -x "$lab" ]; then
+  "$lab" skeleton > "$out/logs/skeleton.txt" 2> "$out/logs/skeleton.err"
   note "skeleton: rc=$?"
-  "$loom" gather-probe > "$out/logs/gather-probe.txt" 2> "$out/logs/gather-probe.err"
+  "$lab" gather-probe > "$out/logs/gather-probe.txt" 2> "$out/logs/gather-probe.err"
   note "gather-probe: rc=$?"
-  "$loom" stream-probe > "$out/logs/stream-probe.txt" 2> "$out/logs/stream-probe.err"
+  "$lab" stream-probe > "$out/logs/stream-probe.txt" 2> "$out/logs/stream-probe.err"
   note "stream-probe: rc=$?"
-  "$loom" warp-probe > "$out/logs/warp-probe.txt" 2> "$out/logs/warp-probe.err"
+  "$lab" warp-probe > "$out/logs/warp-probe.txt" 2> "$out/logs/warp-probe.err"
   note "warp-probe: rc=$?"
 fi
 

@@ -7,11 +7,7 @@
 
 #include "args.hpp"
 #include "bench/bench.hpp"
-#include "bench/gather_probe_sm90.cuh"
-#include "bench/mma_skeleton_sm90.cuh"
 #include "bench/peaks.hpp"
-#include "bench/stream_probe_sm90.cuh"
-#include "bench/warp_probe_sm90.cuh"
 #include "common/build_info.hpp"
 #include "common/chain_trace.cuh"
 #include "common/device_info.hpp"
@@ -30,16 +26,6 @@ usage:
   loom bench [options]   time the MoE layer on a workload (default: --preset qwen35-single)
   loom peaks [options]   measure the device's read bandwidth and dense GEMM rates
   loom info [options]    show the device and the plan loom would use for a shape
-  loom skeleton [--kblocks N] [--repeats R]   the FP8 GEMM's K-block loop with no global memory:
-                         cycles per K block and tensor-pipe share of its variants (A from
-                         registers or shared memory, 2 or 3 consumer warpgroups, promotion; tokens
-                         on the MMA's N side at widths 48-80)
-  loom gather-probe [--tiles N] [--repeats R]   gathering activation rows by token from L2 (cp.async
-                         into shared memory, or loads into registers) at several shared-memory sizes
-  loom stream-probe [--repeats R]   streaming the preset's expert weights from HBM by TMA into a
-                         shared-memory ring with nothing consuming them (ring depths, box shapes, orders)
-  loom warp-probe [--repeats R]   cycles of the warp steps the routing waits on (reduction, ballot,
-                         shuffle, match, one arg-max round), as dependent chains in one warp
   loom help              this text
 
 workload options (bench, info):
@@ -187,46 +173,6 @@ int cmd_peaks(int argc, char** argv) {
   return 0;
 }
 
-int cmd_skeleton(int argc, char** argv) {
-  const Args a(rest(argc, argv), {"kblocks", "repeats"}, {});
-  loom::bench::SkeletonOptions opt;
-  opt.kblocks = int(a.integer("kblocks", opt.kblocks));
-  opt.repeats = int(a.integer("repeats", opt.repeats));
-  if (opt.kblocks < 4 || opt.kblocks % 4 || opt.repeats < 1)
-    throw Error("--kblocks must be a positive multiple of 4 and --repeats >= 1");
-  std::cout << loom::bench::run_skeleton(opt, std::cerr) << std::flush;
-  return 0;
-}
-
-int cmd_gather_probe(int argc, char** argv) {
-  const Args a(rest(argc, argv), {"tiles", "repeats"}, {});
-  loom::bench::GatherProbeOptions opt;
-  opt.tiles_per_cta = int(a.integer("tiles", opt.tiles_per_cta));
-  opt.repeats = int(a.integer("repeats", opt.repeats));
-  if (opt.tiles_per_cta < 1 || opt.tiles_per_cta > 64 || opt.repeats < 1)
-    throw Error("--tiles must be in [1, 64] and --repeats >= 1");
-  std::cout << loom::bench::run_gather_probe(opt, std::cerr) << std::flush;
-  return 0;
-}
-
-int cmd_stream_probe(int argc, char** argv) {
-  const Args a(rest(argc, argv), {"repeats"}, {});
-  loom::bench::StreamProbeOptions opt;
-  opt.repeats = int(a.integer("repeats", opt.repeats));
-  if (opt.repeats < 1) throw Error("--repeats must be >= 1");
-  std::cout << loom::bench::run_stream_probe(opt, std::cerr) << std::flush;
-  return 0;
-}
-
-int cmd_warp_probe(int argc, char** argv) {
-  const Args a(rest(argc, argv), {"repeats"}, {});
-  loom::bench::WarpProbeOptions opt;
-  opt.repeats = int(a.integer("repeats", opt.repeats));
-  if (opt.repeats < 1) throw Error("--repeats must be >= 1");
-  std::cout << loom::bench::run_warp_probe(opt, std::cerr) << std::flush;
-  return 0;
-}
-
 int cmd_info(int argc, char** argv) {
   const Args a(rest(argc, argv), kWorkloadFlags, {"no-renorm", "sweep", "deterministic", "no-pdl"});
   const Workload w = parse_workload(a);
@@ -264,10 +210,6 @@ int main(int argc, char** argv) {
     if (cmd == "bench") return cmd_bench(argc, argv);
     if (cmd == "peaks") return cmd_peaks(argc, argv);
     if (cmd == "info") return cmd_info(argc, argv);
-    if (cmd == "skeleton") return cmd_skeleton(argc, argv);
-    if (cmd == "gather-probe") return cmd_gather_probe(argc, argv);
-    if (cmd == "stream-probe") return cmd_stream_probe(argc, argv);
-    if (cmd == "warp-probe") return cmd_warp_probe(argc, argv);
     if (cmd == "help" || cmd == "--help" || cmd == "-h") {
       std::cout << kUsage;
       return 0;

@@ -1,11 +1,11 @@
-#include "bench/warp_probe_sm90.cuh"
+#include "probes/warp_probe_sm90.cuh"
 
 #include <algorithm>
 #include <cstdio>
 #include <sstream>
 #include <vector>
 
-#include "bench/probe_launch.hpp"
+#include "probes/probe_launch.hpp"
 #include "common/cuda_check.hpp"
 #include "route/route_topk_device.cuh"
 

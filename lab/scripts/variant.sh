@@ -1,4 +1,4 @@
-# Sourced by scripts/ab.sh and scripts/trace-ab.sh: `parse_variant SPEC BUILD` splits a variant
+# Sourced by lab/scripts/ab.sh and lab/scripts/trace-ab.sh: `parse_variant SPEC BUILD` splits a variant
 # spec "name[:ENV=v,ENV2=w][+--flag+--flag2]" into $name, $envs ("ENV=v ENV2=w"), $args
 # ("--flag --flag2"), $label (for the output) and $bin: exp/<name>/tools/loom when that exists,
 # else BUILD/tools/loom (so a name can also just label a switch).

@@ -3,15 +3,15 @@
 # (`loom bench --trace-chain`: µs after the first stamp, medians over the traced replays; first /
 # last CTA, then the CTAs' 10th / 50th / 90th percentile where the tracer prints them) and the e2e
 # of the trace build (stamps included, so slower than a plain build's).
-#   VARIANTS  as in scripts/ab.sh (scripts/variant.sh): "name", "name:ENV=v,ENV2=w", "name+--flag";
+#   VARIANTS  as in lab/scripts/ab.sh (lab/scripts/variant.sh): "name", "name:ENV=v,ENV2=w", "name+--flag";
 #             the binary (exp/<name>/tools/loom, else $BUILD/tools/loom) must be a trace build
 #             (TRACE=1 BUILD_DIR=<dir> scripts/build.sh configures one).
 #   BUILD (default build-trace), TOKENS (default 1,8), ROUNDS (2), REPS (traced replays, 50),
 #   POINTS    extended regex of the trace lines to print (default: the hand-off points below).
-# Example: VARIANTS="base new" TOKENS=1,8 scripts/trace-ab.sh   (exp/base, exp/new: trace builds)
+# Example: VARIANTS="base new" TOKENS=1,8 lab/scripts/trace-ab.sh   (exp/base, exp/new: trace builds)
 set -u
-cd "$(dirname "$0")/.."
-source scripts/variant.sh
+cd "$(dirname "$0")/../.."
+source lab/scripts/variant.sh
 export LD_LIBRARY_PATH=/usr/local/cuda/lib64${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
 build=${BUILD:-build-trace}
 points=${POINTS:-'small: (waited|routed|layout|routing CTA end|quantise CTAs end)|token 0: |gemm: (start|waited|units|first weight|end) |loom e2e'}

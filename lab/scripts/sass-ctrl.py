@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Prints one kernel's SASS (from `cuobjdump -sass`) with each instruction's control bits decoded:
 stall cycles, the scoreboard it writes (wb) and reads (rb), and the scoreboards it waits on.
-Usage: cuobjdump -sass <binary> > k.sass; scripts/sass-ctrl.py k.sass <function-substring> [from to]
+Usage: cuobjdump -sass <binary> > k.sass; lab/scripts/sass-ctrl.py k.sass <function-substring> [from to]
 (from/to: hex offsets inside the function). Bits as in the sm_70+ encoding: the top 23 bits of
 the instruction's second 64-bit word hold stall (4), yield (1), write barrier (3), read barrier (3),
 wait mask (6) and reuse (4); barrier 7 means none."""

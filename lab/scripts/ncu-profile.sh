@@ -9,7 +9,7 @@
 #                  the glue kernels of one run: PROFILE_KERNEL='route|dispatch|quant' PROFILE_SKIP=0
 #                  PROFILE_COUNT=3)
 set -uo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 out=${OUT:-out}
 mkdir -p "$out"
 export LD_LIBRARY_PATH=/usr/local/cuda/lib64${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}

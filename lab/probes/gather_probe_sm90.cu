@@ -1,4 +1,4 @@
-#include "bench/gather_probe_sm90.cuh"
+#include "probes/gather_probe_sm90.cuh"
 
 #include <algorithm>
 #include <cstdio>
@@ -7,7 +7,7 @@
 #include <string>
 #include <vector>
 
-#include "bench/probe_launch.hpp"
+#include "probes/probe_launch.hpp"
 #include "common/cuda_check.hpp"
 #include "common/device_info.hpp"
 #include "common/rng.hpp"

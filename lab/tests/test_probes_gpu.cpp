@@ -7,10 +7,10 @@
 #include <string>
 #include <vector>
 
-#include "bench/gather_probe_sm90.cuh"
-#include "bench/mma_skeleton_sm90.cuh"
-#include "bench/stream_probe_sm90.cuh"
-#include "bench/warp_probe_sm90.cuh"
+#include "probes/gather_probe_sm90.cuh"
+#include "probes/mma_skeleton_sm90.cuh"
+#include "probes/stream_probe_sm90.cuh"
+#include "probes/warp_probe_sm90.cuh"
 #include "gpu_test.hpp"
 
 namespace loom::bench {

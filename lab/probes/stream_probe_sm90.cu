@@ -1,4 +1,4 @@
-#include "bench/stream_probe_sm90.cuh"
+#include "probes/stream_probe_sm90.cuh"
 
 #include <cuda.h>
 
@@ -7,7 +7,7 @@
 #include <string>
 #include <vector>
 
-#include "bench/probe_launch.hpp"
+#include "probes/probe_launch.hpp"
 #include "bench/sol_read.hpp"
 #include "bench/stats.hpp"
 #include "bench/stream_read_sm90.cuh"

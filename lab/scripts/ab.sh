@@ -8,10 +8,10 @@
 #   BUILD     default build folder (default build); TOKENS (default 2048,4096,8192); ROUNDS (2);
 #   REPS      graph replays per median (200); STAGES=1 also prints each glue stage timed alone;
 #   EXTRA     more `loom bench` arguments.
-# Example: VARIANTS="base new" TOKENS=128,8192 scripts/ab.sh   (exp/base, exp/new carried)
+# Example: VARIANTS="base new" TOKENS=128,8192 lab/scripts/ab.sh   (exp/base, exp/new carried)
 set -u
-cd "$(dirname "$0")/.."
-source scripts/variant.sh
+cd "$(dirname "$0")/../.."
+source lab/scripts/variant.sh
 export LD_LIBRARY_PATH=/usr/local/cuda/lib64${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
 build=${BUILD:-build}
 for r in $(seq 1 "${ROUNDS:-2}"); do

@@ -1,0 +1,101 @@
+// loom-lab: the design probes that measured loom's kernels (not part of the product; built with
+// -DLOOM_BUILD_LAB=ON). Each runs alone on an sm_90 GPU and prints a table.
+#include <cstdio>
+#include <iostream>
+#include <string>
+#include <vector>
+
+#include "args.hpp"
+#include "probes/gather_probe_sm90.cuh"
+#include "probes/mma_skeleton_sm90.cuh"
+#include "probes/stream_probe_sm90.cuh"
+#include "probes/warp_probe_sm90.cuh"
+#include "loom/types.hpp"
+
+namespace {
+
+using loom::Error;
+using loom::cli::Args;
+
+constexpr const char* kUsage = R"(loom-lab - the design probes behind loom's kernels (not the product)
+
+usage:
+  loom-lab skeleton [--kblocks N] [--repeats R]   the FP8 GEMM's K-block loop with no global memory:
+                         cycles per K block and tensor-pipe share of its variants (A from
+                         registers or shared memory, 2 or 3 consumer warpgroups, promotion; tokens
+                         on the MMA's N side at widths 48-80)
+  loom-lab gather-probe [--tiles N] [--repeats R]   gathering activation rows by token from L2
+                         (cp.async into shared memory, or loads into registers) at several
+                         shared-memory sizes
+  loom-lab stream-probe [--repeats R]   streaming the preset's expert weights from HBM by TMA into a
+                         shared-memory ring with nothing consuming them (ring depths, box shapes, orders)
+  loom-lab warp-probe [--repeats R]   cycles of the warp steps the routing waits on (reduction,
+                         ballot, shuffle, match, one arg-max round), as dependent chains in one warp
+  loom-lab help          this text
+)";
+
+std::vector<std::string> rest(int argc, char** argv) { return std::vector<std::string>(argv + 2, argv + argc); }
+
+int cmd_skeleton(int argc, char** argv) {
+  const Args a(rest(argc, argv), {"kblocks", "repeats"}, {});
+  loom::bench::SkeletonOptions opt;
+  opt.kblocks = int(a.integer("kblocks", opt.kblocks));
+  opt.repeats = int(a.integer("repeats", opt.repeats));
+  if (opt.kblocks < 4 || opt.kblocks % 4 || opt.repeats < 1)
+    throw Error("--kblocks must be a positive multiple of 4 and --repeats >= 1");
+  std::cout << loom::bench::run_skeleton(opt, std::cerr) << std::flush;
+  return 0;
+}
+
+int cmd_gather_probe(int argc, char** argv) {
+  const Args a(rest(argc, argv), {"tiles", "repeats"}, {});
+  loom::bench::GatherProbeOptions opt;
+  opt.tiles_per_cta = int(a.integer("tiles", opt.tiles_per_cta));
+  opt.repeats = int(a.integer("repeats", opt.repeats));
+  if (opt.tiles_per_cta < 1 || opt.tiles_per_cta > 64 || opt.repeats < 1)
+    throw Error("--tiles must be in [1, 64] and --repeats >= 1");
+  std::cout << loom::bench::run_gather_probe(opt, std::cerr) << std::flush;
+  return 0;
+}
+
+int cmd_stream_probe(int argc, char** argv) {
+  const Args a(rest(argc, argv), {"repeats"}, {});
+  loom::bench::StreamProbeOptions opt;
+  opt.repeats = int(a.integer("repeats", opt.repeats));
+  if (opt.repeats < 1) throw Error("--repeats must be >= 1");
+  std::cout << loom::bench::run_stream_probe(opt, std::cerr) << std::flush;
+  return 0;
+}
+
+int cmd_warp_probe(int argc, char** argv) {
+  const Args a(rest(argc, argv), {"repeats"}, {});
+  loom::bench::WarpProbeOptions opt;
+  opt.repeats = int(a.integer("repeats", opt.repeats));
+  if (opt.repeats < 1) throw Error("--repeats must be >= 1");
+  std::cout << loom::bench::run_warp_probe(opt, std::cerr) << std::flush;
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const std::string cmd = argc > 1 ? argv[1] : "help";
+  try {
+    if (cmd == "skeleton") return cmd_skeleton(argc, argv);
+    if (cmd == "gather-probe") return cmd_gather_probe(argc, argv);
+    if (cmd == "stream-probe") return cmd_stream_probe(argc, argv);
+    if (cmd == "warp-probe") return cmd_warp_probe(argc, argv);
+    if (cmd == "help" || cmd == "--help" || cmd == "-h") {
+      std::cout << kUsage;
+      return 0;
+    }
+    std::fprintf(stderr, "loom-lab: error: unknown command '%s' (try `loom-lab help`)\n", cmd.c_str());
+    return 2;
+  } catch (const Error& e) {
+    std::fprintf(stderr, "loom-lab: error: %s\n", e.what());
+    return 2;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "loom-lab: error: %s\n", e.what());
+    return 3;
+  }
+}
