@@ -5,7 +5,7 @@ A refactoring step that leaves a kernel's instruction stream unchanged cannot ch
 one that changes it needs a measured A/B on the GPU. Per kernel pair: instruction counts, registers,
 and how many instructions differ once addresses, encodings and constant-bank offsets are masked.
 
-  lab/scripts/sass_diff.py OLD NEW [--pair OLD_RE=NEW_RE ...] [--filter RE] [--show N]
+  lab/scripts/sass_diff.py OLD NEW [--pair OLD_RE=NEW_RE ...] [--filter RE] [--show N] [--loose]
 
 Without --pair, kernels are matched by their demangled-ish name with the anonymous-namespace
 hashes removed. Needs cuobjdump on PATH (the CUDA toolkit's, or the one Triton's wheel carries).
@@ -15,6 +15,9 @@ import difflib
 import re
 import subprocess
 import sys
+
+
+LOOSE = False
 
 
 def dump(path):
@@ -34,6 +37,10 @@ def dump(path):
             ins = m.group(1).rstrip(" ;")
             ins = re.sub(r"c\[0x0\]\[0x[0-9a-f]+\]", "c[0x0][K]", ins)
             ins = re.sub(r"\b0x[0-9a-f]{3,}\b", "ADDR", ins)
+            if LOOSE:  # register names and every immediate: the instruction stream's shape alone
+                ins = re.sub(r"\bU?R[0-9]+\b", "R", ins)
+                ins = re.sub(r"\bU?P[0-9]\b", "P", ins)
+                ins = re.sub(r"\b0x[0-9a-f]+\b", "IMM", ins)
             kernels[name] = body
             body.append(ins)
     if name:
@@ -66,7 +73,10 @@ def main():
     ap.add_argument("--pair", action="append", default=[], help="OLD_RE=NEW_RE: match kernels by regex")
     ap.add_argument("--filter", default="", help="only kernels whose name matches")
     ap.add_argument("--show", type=int, default=0, help="print the first N differing lines per kernel")
+    ap.add_argument("--loose", action="store_true", help="mask register names and immediates")
     a = ap.parse_args()
+    global LOOSE
+    LOOSE = a.loose
     old, new = dump(a.old), dump(a.new)
     ro, rn = regs(a.old), regs(a.new)
     pairs = []

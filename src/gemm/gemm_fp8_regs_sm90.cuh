@@ -31,7 +31,7 @@
 #include <ostream>
 
 #include "common/device_info.hpp"
-#include "gemm/gemm_fp8_block_sm90.cuh"
+#include "gemm/gemm_fp8.hpp"
 
 namespace loom {
 

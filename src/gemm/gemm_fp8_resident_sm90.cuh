@@ -28,7 +28,7 @@
 #include <cstdint>
 
 #include "common/device_info.hpp"
-#include "gemm/gemm_fp8_block_sm90.cuh"
+#include "gemm/gemm_fp8.hpp"
 
 namespace loom {
 

@@ -14,7 +14,7 @@
 #include "dispatch/expert_bins_clear_sm90.cuh"
 #include "dispatch/route_dispatch_small_sm90.cuh"
 #include "gemm/combine_rows_sm90.cuh"
-#include "gemm/gemm_fp8_block_sm90.cuh"
+#include "gemm/gemm_fp8.hpp"
 #include "loom/loom.hpp"
 #include "contract/device_layout.hpp"
 #include "pipeline/moe_pipeline.hpp"

@@ -6,7 +6,7 @@
 #include <cstdint>
 
 #include "common/device_info.hpp"
-#include "gemm/gemm_fp8_block_sm90.cuh"
+#include "gemm/gemm_fp8.hpp"
 #include "gemm/gemm_fp8_resident_sm90.cuh"
 
 namespace loom {

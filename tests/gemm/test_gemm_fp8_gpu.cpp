@@ -11,7 +11,7 @@
 #include "common/device_info.hpp"
 #include "common/rng.hpp"
 #include "dispatch/dispatch_ref.hpp"
-#include "gemm/gemm_fp8_block_sm90.cuh"
+#include "gemm/gemm_fp8.hpp"
 #include "gemm/gemm_fp8_resident_sm90.cuh"
 #include "gemm/gemm_ref.hpp"
 #include "gpu_test.hpp"

@@ -8,7 +8,7 @@
 #include <utility>
 
 #include "bench/device_buffer.hpp"
-#include "gemm/gemm_fp8_block_sm90.cuh"
+#include "gemm/gemm_fp8.hpp"
 #include "gpu_test.hpp"
 #include "loom/loom.hpp"
 #include "contract/device_layout.hpp"

@@ -35,6 +35,18 @@ namespace loom {
 
 enum class CombineMode { atomic, store };
 
+// Tile geometry every FP8 GEMM shares: 128-wide K blocks (one activation and weight scale block
+// each) and blocks of 128 weight rows (one weight-scale block); the weights-on-M kernels' widest
+// token chunk.
+inline constexpr int kFp8BlockK = 128;
+inline constexpr int kFp8BlockRows = 128;
+inline constexpr int kWeightsOnMMaxChunk = 128;
+// Pipeline depths of the weights-on-M kernels (16 KiB weight tile + activation tile per stage): the
+// gathering kernels' stages hold tiles of at most 32 rows (4 KiB), so 8 fit where the sorted-row
+// kernel with its epilogue in the consumers takes 6; the hand-off epilogue's staging (a whole
+// 128 x 128 fp32 chunk result) takes the shared memory of two stages.
+inline constexpr int kStagesInline = 6, kStagesHandoff = 4, kStagesGathered = 8;
+
 // Where a chunk's activation rows come from.
 //  gather_by_token: token-order quantised rows, gathered by row_token with cp.async: no sorted copy
 //                   to write, so small batches have one kernel before the GEMM. Chosen up to

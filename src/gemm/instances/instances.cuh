@@ -1,0 +1,41 @@
+// The enumerated GEMM instances: one kernel each, explicitly instantiated in its own file of this
+// folder (named for what it is). A launcher TU includes this header and calls
+// launch_grouped_gemm<Instance>: the extern declarations keep it from compiling the kernels again.
+#pragma once
+
+#include "gemm/epilogue/combine_handoff.cuh"
+#include "gemm/epilogue/combine_in_consumers.cuh"
+#include "gemm/gemm_fp8.hpp"
+#include "gemm/kernel/fp8_weights_on_m_kernel.cuh"
+#include "gemm/kernel/grouped_gemm_sm90.cuh"
+#include "gemm/operand/gathered_rows.cuh"
+#include "gemm/operand/sorted_rows.cuh"
+
+namespace loom::gemm {
+
+// Weights on M, rows gathered by token (batches up to kGatherMaxTokens), from the offsets.
+using Sm90Fp8WmGather =
+    WeightsOnMKernel<GatheredRows<ExpertsFrom::offsets>, CombineInConsumers, ExpertsFrom::offsets, kStagesGathered>;
+// ... from the routes' early expert ids (one routing CTA, at most kEarlyIdWords routes).
+using Sm90Fp8WmGatherEarly =
+    WeightsOnMKernel<GatheredRows<ExpertsFrom::early_ids>, CombineInConsumers, ExpertsFrom::early_ids, kStagesGathered>;
+// ... from expert bins, by the chunk walk.
+using Sm90Fp8WmBins =
+    WeightsOnMKernel<GatheredRows<ExpertsFrom::bins>, CombineInConsumers, ExpertsFrom::bins, kStagesGathered>;
+// Weights on M, expert-sorted rows by TMA, the epilogue in the consumers.
+using Sm90Fp8WmSorted = WeightsOnMKernel<SortedRows<false>, CombineInConsumers, ExpertsFrom::offsets, kStagesInline>;
+// ... the epilogue handed to the producer warpgroup's spare warps (scales in row quads).
+using Sm90Fp8WmSortedHandoff = WeightsOnMKernel<SortedRows<true>, CombineHandoff, ExpertsFrom::offsets, kStagesHandoff>;
+
+#define LOOM_GEMM_INSTANCE(Kernel)                                                                     \
+  template void launch_grouped_gemm<Kernel>(const typename Kernel::Maps&, const typename Kernel::Args&, int, size_t, \
+                                            cudaStream_t, bool)
+#define LOOM_GEMM_INSTANCE_EXTERN(Kernel) extern LOOM_GEMM_INSTANCE(Kernel)
+
+LOOM_GEMM_INSTANCE_EXTERN(Sm90Fp8WmGather);
+LOOM_GEMM_INSTANCE_EXTERN(Sm90Fp8WmGatherEarly);
+LOOM_GEMM_INSTANCE_EXTERN(Sm90Fp8WmBins);
+LOOM_GEMM_INSTANCE_EXTERN(Sm90Fp8WmSorted);
+LOOM_GEMM_INSTANCE_EXTERN(Sm90Fp8WmSortedHandoff);
+
+}  // namespace loom::gemm
