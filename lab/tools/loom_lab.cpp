@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "args.hpp"
+#include "phase_profile/phase_profile.cuh"
 #include "probes/gather_probe_sm90.cuh"
 #include "probes/mma_skeleton_sm90.cuh"
 #include "probes/stream_probe_sm90.cuh"
@@ -31,6 +32,11 @@ usage:
                          shared-memory ring with nothing consuming them (ring depths, box shapes, orders)
   loom-lab warp-probe [--repeats R]   cycles of the warp steps the routing waits on (reduction,
                          ballot, shuffle, match, one arg-max round), as dependent chains in one warp
+  loom-lab phase-profile [--preset P] [--tokens T] [--runs N] [--seed S]   the tokens-on-M GEMM's
+                         cycles per phase (unit starts, K loops, epilogues; per K block the waits for
+                         the stage and the A fragments, the MMAs, the promotion; the producer's and
+                         the combine warp's waits) over N cold launches on the workspace of a full
+                         run, and the SM clock it ran at (default qwen35-single, T=2048, 200 runs)
   loom-lab help          this text
 )";
 
@@ -76,6 +82,18 @@ int cmd_warp_probe(int argc, char** argv) {
   return 0;
 }
 
+int cmd_phase_profile(int argc, char** argv) {
+  const Args a(rest(argc, argv), {"preset", "tokens", "runs", "seed"}, {});
+  loom::lab::PhaseProfileOptions opt;
+  opt.preset = a.str("preset", opt.preset);
+  opt.tokens = a.integer("tokens", opt.tokens);
+  opt.runs = int(a.integer("runs", opt.runs));
+  opt.seed = uint64_t(a.integer("seed", int64_t(opt.seed)));
+  if (opt.tokens < 1 || opt.runs < 1) throw Error("--tokens and --runs must be >= 1");
+  loom::lab::run_phase_profile(opt, std::cout);
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -85,6 +103,7 @@ int main(int argc, char** argv) {
     if (cmd == "gather-probe") return cmd_gather_probe(argc, argv);
     if (cmd == "stream-probe") return cmd_stream_probe(argc, argv);
     if (cmd == "warp-probe") return cmd_warp_probe(argc, argv);
+    if (cmd == "phase-profile") return cmd_phase_profile(argc, argv);
     if (cmd == "help" || cmd == "--help" || cmd == "-h") {
       std::cout << kUsage;
       return 0;

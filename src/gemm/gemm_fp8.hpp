@@ -59,7 +59,7 @@ inline constexpr int kStagesInline = 6, kStagesHandoff = 4, kStagesGathered = 8;
 //                   64- and 128-wide chunks in flight: T=2048 GEMM 154.8 us gathered, 106 sorted).
 //  token_fragments: token-order rows whose codes the quantiser laid out in wgmma A-fragment order
 //                   (fragment_word), loaded by each consumer thread into registers: no sorted copy.
-//                   Its own kernel (gemm_fp8_regs_sm90.cuh), tokens on the MMA's M side, from
+//                   Its own kernels (kernel/fp8_tokens_on_m_kernel.cuh), tokens on the MMA's M side, from
 //                   kTokenFragmentsMinRowsPerExpert rows per expert and in kWideTilesRowsPerExpert.
 enum class XSource { gather_by_token, sorted_rows, token_fragments };
 inline constexpr int kGatherMaxTokens = 32;
@@ -118,12 +118,12 @@ struct GemmFp8Config {
   // was half of the GEMM's stall samples at T=1; docs/perf.md).
   bool warm_up = false;
   // Token fragments only: tiles of 64 rows x 256 weight rows (both consumer warpgroups on the same
-  // rows) instead of 128 x 128, for experts of about 64 rows (gemm_fp8_regs_sm90.cu); K a multiple
+  // rows) instead of 128 x 128, for experts of about 64 rows (mainloop/fp8_tokens_on_m.cuh); K a multiple
   // of 256.
   bool wide_tiles = false;
   // Gathered rows (XSource::gather_by_token), fast combine: the kernel that holds an expert's token
   // rows in shared memory over all of K while its weights stream past them, weight rows on M
-  // (gemm_fp8_resident_sm90.cuh). With dynamic, units past the first round come from work_queue.
+  // (kernel/fp8_resident_kernel.cuh). With dynamic, units past the first round come from work_queue.
   bool resident_rows = false;
   std::string str() const;
 };
@@ -179,6 +179,12 @@ struct GemmFp8Params {
   int experts = 0, n = 0, k = 0;
   CombineMode combine = CombineMode::atomic;
 };
+
+// The most rows of one expert the resident-rows kernel holds in shared memory over all of K (a
+// multiple of 16, at most 48; 48 at K=2048), or 0 where it cannot take N and K: K not a multiple
+// of 128, too large to hold 16 rows, or a unit's weight scales (N/128 x K/128) more than its record
+// holds.
+int resident_rows_capacity(int64_t n, int64_t k);
 
 // Throws loom::Error for shapes the kernel cannot take (N or K not a multiple of 16, sizes beyond
 // the TMA limits) and on launch failure.

@@ -235,8 +235,14 @@ void run(const Plan& p, const Weights& w, const Inputs& in, void* output, void* 
   run_stages(p, w, in, output, workspace, stream, Stages::all);
 }
 
+GemmLaunch gemm_launch_for(const Plan& p, const Weights& w, const Inputs& in, void* output, void* workspace) {
+  GemmLaunch g;
+  run_stages(p, w, in, output, workspace, nullptr, Stages::none, &g);
+  return g;
+}
+
 void run_stages(const Plan& p, const Weights& w, const Inputs& in, void* output, void* workspace, cudaStream_t stream,
-                Stages stages) {
+                Stages stages, GemmLaunch* gemm) {
   const Shape& s = p.shape;
   if (in.tokens < 0 || in.tokens > s.tokens)
     throw Error("run: tokens = " + std::to_string(in.tokens) + " outside the plan's [0, " + std::to_string(s.tokens) +
@@ -399,6 +405,7 @@ void run_stages(const Plan& p, const Weights& w, const Inputs& in, void* output,
     gp.row_token = rp_bins.bin_token;
     gp.row_weight = rp_bins.bin_weight;
   }
+  if (gemm) *gemm = GemmLaunch{gp, gc};
   if (do_gemm) launch_gemm_fp8(gp, gc, dev, stream, pdl);
 
   if (p.options.deterministic && all) {

@@ -4,6 +4,7 @@
 
 #include <string>
 
+#include "gemm/gemm_fp8.hpp"
 #include "loom/loom.hpp"
 
 namespace loom {
@@ -15,6 +16,7 @@ enum class Stages {
   dispatch_only,
   quant_only,
   glue_only,      // route -> dispatch -> quantise, without the GEMM
+  none,           // nothing launched (gemm_launch_for: what the GEMM launch would be)
 };
 
 // Whether a run of `tokens` tokens from router logits uses the fused route+dispatch kernel.
@@ -36,7 +38,16 @@ struct Chain {
 };
 Chain chain_for(const Plan& p, int64_t tokens, bool from_logits);
 
+// gemm: when given, receives the GEMM launch's parameters and config.
 void run_stages(const Plan& p, const Weights& w, const Inputs& in, void* output, void* workspace, cudaStream_t stream,
-                Stages stages);
+                Stages stages, struct GemmLaunch* gemm = nullptr);
+
+// The GEMM launch a run of these inputs makes, on this output and workspace: for tools that launch
+// the GEMM themselves (the lab's phase profile) on the workspace a full run prepared.
+struct GemmLaunch {
+  GemmFp8Params params;
+  GemmFp8Config config;
+};
+GemmLaunch gemm_launch_for(const Plan& p, const Weights& w, const Inputs& in, void* output, void* workspace);
 
 }  // namespace loom

@@ -7,7 +7,6 @@
 
 #include "common/device_info.hpp"
 #include "gemm/gemm_fp8.hpp"
-#include "gemm/gemm_fp8_resident_sm90.cuh"
 
 namespace loom {
 namespace {

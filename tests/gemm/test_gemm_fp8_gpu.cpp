@@ -12,7 +12,6 @@
 #include "common/rng.hpp"
 #include "dispatch/dispatch_ref.hpp"
 #include "gemm/gemm_fp8.hpp"
-#include "gemm/gemm_fp8_resident_sm90.cuh"
 #include "gemm/gemm_ref.hpp"
 #include "gpu_test.hpp"
 #include "contract/device_layout.hpp"

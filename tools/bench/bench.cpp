@@ -15,7 +15,6 @@
 #include "common/build_info.hpp"
 #include "common/chain_trace.cuh"
 #include "common/device_info.hpp"
-#include "gemm/gemm_fp8_regs_sm90.cuh"
 #include "pipeline/layer_ref.hpp"
 #include "pipeline/moe_pipeline.hpp"
 
@@ -330,14 +329,6 @@ void measure_gpu(const BenchOptions& opt, const Plan& plan, const Shape& s, cons
     r.gpu.push_back(Timed{label, timer.time(f, cold.copies, cold.mode, brief), Stats{}});
   }
   if (opt.trace_chain > 0) trace_chain(opt.trace_chain, [&](cudaStream_t st2) { e2e(st2, 0); }, timer, log);
-  if (opt.phase_profile > 0) {  // the register-loaded GEMM's cycles per phase over cold end-to-end replays
-    TimerOptions profiled = topt;
-    profiled.reps = opt.phase_profile;
-    profiled.warmup = 0;
-    gemm_regs_phase_profile_reset();
-    (void)timer.time(e2e, cold.copies, cold.mode, profiled);
-    gemm_regs_phase_profile_print(log, int(s.hidden / 128));
-  }
   log << "  loom e2e " << t_e2e.cold.median_us << " us (" << t_e2e.cold.l2 << "), GEMM alone " << t_gemm.cold.median_us
       << " us\n";
 }

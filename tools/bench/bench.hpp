@@ -30,7 +30,6 @@ struct BenchOptions {
   Options layer;             // loom options of the GPU path (deterministic, pdl, prefetch)
   bool check = true;         // compare the GPU output with the CPU reference when it is affordable
   int trace_chain = 0;       // > 0: that many traced cold replays (a LOOM_CHAIN_TRACE build only)
-  int phase_profile = 0;     // > 0: that many cold replays profiled by phase (a LOOM_PHASE_PROFILE build only)
 };
 
 std::vector<Record> run_bench(const BenchOptions& opt, std::ostream& log);

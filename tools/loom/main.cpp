@@ -11,7 +11,6 @@
 #include "common/build_info.hpp"
 #include "common/chain_trace.cuh"
 #include "common/device_info.hpp"
-#include "gemm/gemm_fp8_regs_sm90.cuh"
 #include "loom/loom.hpp"
 #include "workload/workload.hpp"
 
@@ -51,9 +50,6 @@ bench options:
   --no-check             skip the comparison of the GPU output with the CPU reference
   --trace-chain N        after timing, N cold graph replays whose kernels stamp the time of each
                          traced point; prints the medians (a -DLOOM_CHAIN_TRACE=ON build only)
-  --phase-profile N      after timing, N cold replays whose register-loaded GEMM sums its cycles per
-                         phase; prints them and the SM clock it ran at (a -DLOOM_PHASE_PROFILE=ON
-                         build only)
 )";
 
 const std::set<std::string> kWorkloadFlags = {"preset", "tokens",  "hidden",     "inter",      "experts",
@@ -119,8 +115,7 @@ std::vector<std::string> rest(int argc, char** argv) { return std::vector<std::s
 
 int cmd_bench(int argc, char** argv) {
   std::set<std::string> valued = kWorkloadFlags;
-  valued.insert({"reps", "warmup", "json", "csv", "max-copies", "max-cpu-gflop", "trace-chain",
-                 "phase-profile"});
+  valued.insert({"reps", "warmup", "json", "csv", "max-copies", "max-cpu-gflop", "trace-chain"});
   const Args a(rest(argc, argv), valued,
                {"no-renorm", "sweep", "no-sol", "deterministic", "no-pdl", "eager", "no-check", "no-fuse", "no-bins",
                 "dist-logits"});
@@ -151,10 +146,6 @@ int cmd_bench(int argc, char** argv) {
   if (opt.trace_chain < 0) throw Error("--trace-chain must be >= 0");
   if (opt.trace_chain > 0 && !loom::trace::enabled())
     throw Error("--trace-chain needs a build configured with -DLOOM_CHAIN_TRACE=ON");
-  opt.phase_profile = int(a.integer("phase-profile", 0));
-  if (opt.phase_profile < 0) throw Error("--phase-profile must be >= 0");
-  if (opt.phase_profile > 0 && !loom::gemm_regs_phase_profile_built())
-    throw Error("--phase-profile needs a build configured with -DLOOM_PHASE_PROFILE=ON");
   const auto records = loom::bench::run_bench(opt, std::cerr);
   if (a.has("json")) loom::bench::write_file(a.str("json", ""), loom::bench::to_json(records));
   if (a.has("csv")) loom::bench::write_file(a.str("csv", ""), loom::bench::to_csv(records));

@@ -6,6 +6,8 @@
 #include "gemm/epilogue/combine_handoff.cuh"
 #include "gemm/epilogue/combine_in_consumers.cuh"
 #include "gemm/gemm_fp8.hpp"
+#include "gemm/kernel/fp8_resident_kernel.cuh"
+#include "gemm/kernel/fp8_tokens_on_m_kernel.cuh"
 #include "gemm/kernel/fp8_weights_on_m_kernel.cuh"
 #include "gemm/kernel/grouped_gemm_sm90.cuh"
 #include "gemm/operand/gathered_rows.cuh"
@@ -26,6 +28,11 @@ using Sm90Fp8WmBins =
 using Sm90Fp8WmSorted = WeightsOnMKernel<SortedRows<false>, CombineInConsumers, ExpertsFrom::offsets, kStagesInline>;
 // ... the epilogue handed to the producer warpgroup's spare warps (scales in row quads).
 using Sm90Fp8WmSortedHandoff = WeightsOnMKernel<SortedRows<true>, CombineHandoff, ExpertsFrom::offsets, kStagesHandoff>;
+// Weights on M, an expert's rows resident in shared memory over all of K (from expert bins).
+using Sm90Fp8WmResident = ResidentKernel;
+// Tokens on M: 128 x 128 tiles, A from the fragment ring; and 64 x 256 tiles.
+using Sm90Fp8TmTall = TokensOnMKernel<false>;
+using Sm90Fp8TmWide = TokensOnMKernel<true>;
 
 #define LOOM_GEMM_INSTANCE(Kernel)                                                                     \
   template void launch_grouped_gemm<Kernel>(const typename Kernel::Maps&, const typename Kernel::Args&, int, size_t, \
@@ -37,5 +44,8 @@ LOOM_GEMM_INSTANCE_EXTERN(Sm90Fp8WmGatherEarly);
 LOOM_GEMM_INSTANCE_EXTERN(Sm90Fp8WmBins);
 LOOM_GEMM_INSTANCE_EXTERN(Sm90Fp8WmSorted);
 LOOM_GEMM_INSTANCE_EXTERN(Sm90Fp8WmSortedHandoff);
+LOOM_GEMM_INSTANCE_EXTERN(Sm90Fp8WmResident);
+LOOM_GEMM_INSTANCE_EXTERN(Sm90Fp8TmTall);
+LOOM_GEMM_INSTANCE_EXTERN(Sm90Fp8TmWide);
 
 }  // namespace loom::gemm

@@ -60,7 +60,7 @@ template <class S>
 __device__ __forceinline__ void init_stage_barriers(S& s, uint32_t full_arrivals) {
   for (int i = 0; i < S::kStages; ++i) {
     ptx::mbar_init(&s.full[i], full_arrivals);
-    ptx::mbar_init(&s.empty[i], kConsumerWarps);
+    ptx::mbar_init(&s.empty[i], kConsumerWarps * kReleaseArrivalsPerWarp);
   }
 }
 
@@ -134,9 +134,8 @@ __device__ __forceinline__ void promote_block(S& s, float (&acc)[W / 2], float (
     sa[2 * j] = Src::block_scale(s, sr.buf, 8 * j + 2 * q, kb, scale_shift) * sw;
     sa[2 * j + 1] = Src::block_scale(s, sr.buf, 8 * j + 2 * q + 1, kb, scale_shift) * sw;
   }
-  // Every lane's shared-memory reads of this stage (wgmma operands, scales) are done: free it.
-  __syncwarp();
-  if (lane == 0) ptx::mbar_arrive(&s.empty[stage]);
+  // This thread's shared-memory reads of this stage (wgmma operands, scales) are done: free it.
+  release_slot(&s.empty[stage]);
   promote_columns<W>(final_acc, acc, sa);
 }
 

@@ -6,7 +6,6 @@
 #include <string>
 
 #include "gemm/gemm_fp8.hpp"
-#include "gemm/gemm_fp8_resident_sm90.cuh"
 
 namespace loom {
 
@@ -124,7 +123,7 @@ GemmFp8Config choose_gemm_fp8_config(int64_t tokens, int64_t topk, int64_t exper
   // the sorted rows share, it cost 1.7-3 us at T=16-32: ninth session.)
   c.warm_up = c.x_source == XSource::gather_by_token;
   // From 52 rows per expert (and from 30 to 52, in wide tiles): token rows on M, loaded by token
-  // into registers, so no sorted copy is written (gemm_fp8_regs_sm90.cuh). Since the bulk-reduction
+  // into registers, so no sorted copy is written (kernel/fp8_tokens_on_m_kernel.cuh). Since the bulk-reduction
   // combine (fifteenth session) the register-loaded kernel wins from 32 rows per expert on, its glue
   // (route+quantise in token order, count, dispatch) about 15 us shorter at T=2048 than dispatch +
   // the sorted copy. Measured e2e, sorted rows / wide tiles / 128 x 128 tiles (one build, environment
