@@ -116,6 +116,7 @@ struct WeightsOnMKernel {
   // The warm-up's end, producer side (from its loop, after the dry iteration): the producer
   // warpgroup alone waits for the inputs and builds the walk, then tells the consumers.
   static __device__ __forceinline__ int end_warm_up(SharedStorage& s, const Params& p) {
+    ProducerGroup::sync();  // every producer thread's dry reads of the walk's tables, before they are rewritten
     const int units = wait_for_inputs<ProducerGroup>(s, p);
     ptx::mbar_arrive(&s.walk.walk_ready);  // release: this thread's part of the walk's tables
     return units;
