@@ -1,13 +1,18 @@
 #!/usr/bin/env bash
 # One-call GPU check, for a machine with an H200 and an existing build (built elsewhere and carried,
-# or by scripts/build.sh): tool sanity, the GPU tests (all tests, in fact), `loom peaks`, and the
-# benchmark presets. Logs and JSON go under $OUT (or ./out); a short table is printed last.
-#   BUILD_DIR   build folder (default build)
-#   CHECK_BENCH extra `loom bench` runs, ';'-separated argument lists (default: the presets)
-#   GTEST_FILTER which tests to run (default all)
-#   SKIP_PEAKS  set: skip `loom peaks`
-#   SKIP_SKELETON set: skip the lab's probes: `loom-lab skeleton`, `gather-probe`, `stream-probe`,
-#               `warp-probe` (~10 s; a build with the lab only)
+# or by scripts/build.sh): the tests (every GPU suite in its own process), compute-sanitizer's
+# memcheck, synccheck and racecheck over the GPU suites, `loom peaks`, the lab's probes, and the
+# benchmark runs that docs/perf/current.md is generated from. Logs and JSON go to
+# $OUT/gpu-check.tar.gz (or ./out), current.md beside it; a short table is printed last.
+#   BUILD_DIR        build folder (default build)
+#   GTEST_FILTER     which tests to run (default all; '-' skips the tests)
+#   SANITIZE         tools to run over the GPU suites (default "memcheck synccheck racecheck"; '' none)
+#   SANITIZE_FILTER  which GPU tests they run (default every GPU test)
+#   SANITIZE_SECONDS each tool's time budget in seconds (default 150; what is left unrun is reported)
+#   SKIP_PEAKS       set: skip `loom peaks`
+#   SKIP_SKELETON    set: skip the lab's probes (`loom-lab skeleton`, `gather-probe`, `stream-probe`,
+#                    `warp-probe`; ~10 s; a build with the lab only)
+#   CHECK_BENCH      `loom bench` runs, ';'-separated argument lists (default: docs/perf/current.md's)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 build=${BUILD_DIR:-build}
@@ -16,6 +21,8 @@ mkdir -p "$out/logs"
 export LD_LIBRARY_PATH=/usr/local/cuda/lib64:/usr/local/cuda/targets/x86_64-linux/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
 loom=$build/tools/loom
 lab=$build/lab/loom-lab
+test_bins=("$build/tests/loom_tests")
+[ -x "$build/lab/loom_lab_tests" ] && test_bins+=("$build/lab/loom_lab_tests")
 summary=$out/logs/summary.txt
 : > "$summary"
 note() { echo "$*" | tee -a "$summary"; }
@@ -26,33 +33,56 @@ note() { echo "$*" | tee -a "$summary"; }
   command -v compute-sanitizer >/dev/null && compute-sanitizer --version | tail -1
 } > "$out/logs/machine.txt" 2>&1
 
+# "Suite.Test1:Suite.Test2" per GPU suite of a test binary, from the tests a filter selects.
+gpu_suites() {
+  "$1" --gtest_filter="$2" --gtest_list_tests |
+    awk '/^[^ ]/ { suite = $1 } /^  / && suite ~ /Gpu\.$/ { t[suite] = t[suite] (t[suite] ? ":" : "") suite $1 }
+         END { for (s in t) print t[s] }'
+}
+
 # CPU tests in one process; each GPU suite in its own, so one crashed kernel (a sticky CUDA error)
 # cannot fail the suites after it.
 filter=${GTEST_FILTER:-*}
 : > "$out/logs/tests.log"
-test_rc=0
-for tests in "$build/tests/loom_tests" "$build/lab/loom_lab_tests"; do
-  [ -x "$tests" ] || continue
-  "$tests" --gtest_filter="$filter:-*Gpu.*" >> "$out/logs/tests.log" 2>&1 || test_rc=1
-  # "Suite.Test1:Suite.Test2" per GPU suite, from the tests the filter selects.
-  "$tests" --gtest_filter="$filter" --gtest_list_tests |
-    awk '/^[^ ]/ { suite = $1 } /^  / && suite ~ /Gpu\.$/ { t[suite] = t[suite] (t[suite] ? ":" : "") suite $1 }
-         END { for (s in t) print t[s] }' > "$out/logs/gpu-suites.txt"
-  while read -r selection; do
-    "$tests" --gtest_filter="$selection" >> "$out/logs/tests.log" 2>&1 || test_rc=1
-  done < "$out/logs/gpu-suites.txt"
-done
-passed=$(grep -c '^\[       OK \]' "$out/logs/tests.log")
-failed=$(grep -c '^\[  FAILED  \] [A-Za-z].*(' "$out/logs/tests.log")
-skipped=$(grep -c '^\[  SKIPPED \] [A-Za-z].*(' "$out/logs/tests.log")
-gpu_ran=$(grep '^\[       OK \]' "$out/logs/tests.log" | grep -c 'Gpu\.')
-note "tests: rc=$test_rc passed=$passed failed=$failed skipped=$skipped (GPU tests passed: $gpu_ran)"
-grep '^\[  FAILED  \] [A-Za-z].*(' "$out/logs/tests.log" | sort -u | tee -a "$summary"
+if [ "$filter" != "-" ]; then
+  test_rc=0
+  for tests in "${test_bins[@]}"; do
+    "$tests" --gtest_filter="$filter:-*Gpu.*" >> "$out/logs/tests.log" 2>&1 || test_rc=1
+    while read -r selection; do
+      "$tests" --gtest_filter="$selection" >> "$out/logs/tests.log" 2>&1 || test_rc=1
+    done < <(gpu_suites "$tests" "$filter")
+  done
+  passed=$(grep -c '^\[       OK \]' "$out/logs/tests.log")
+  failed=$(grep -c '^\[  FAILED  \] [A-Za-z].*(' "$out/logs/tests.log")
+  skipped=$(grep -c '^\[  SKIPPED \] [A-Za-z].*(' "$out/logs/tests.log")
+  gpu_ran=$(grep '^\[       OK \]' "$out/logs/tests.log" | grep -c 'Gpu\.')
+  note "tests: rc=$test_rc passed=$passed failed=$failed skipped=$skipped (GPU tests passed: $gpu_ran)"
+  grep '^\[  FAILED  \] [A-Za-z].*(' "$out/logs/tests.log" | sort -u | tee -a "$summary"
+fi
 
-if [ -n "${SANITIZE_FILTER:-}" ] && command -v compute-sanitizer >/dev/null; then
-  compute-sanitizer --tool memcheck --error-exitcode 9 "$build/tests/loom_tests" --gtest_filter="$SANITIZE_FILTER" \
-    > "$out/logs/memcheck.log" 2>&1
-  note "memcheck ($SANITIZE_FILTER): rc=$?"
+# compute-sanitizer over the GPU suites, a suite per process, each tool within its time budget.
+if command -v compute-sanitizer >/dev/null; then
+  for tool in ${SANITIZE-memcheck synccheck racecheck}; do
+    deadline=$(( $(date +%s) + ${SANITIZE_SECONDS:-150} ))
+    : > "$out/logs/$tool.log"
+    clean=0 dirty=0 unrun=0
+    for tests in "${test_bins[@]}"; do
+      while read -r selection; do
+        if [ "$(date +%s)" -ge "$deadline" ]; then
+          unrun=$((unrun + 1)); echo "UNRUN (time budget): $selection" >> "$out/logs/$tool.log"; continue
+        fi
+        left=$(( deadline - $(date +%s) ))
+        timeout "$left" compute-sanitizer --tool "$tool" --error-exitcode 9 --print-limit 20 "$tests" \
+          --gtest_filter="$selection" >> "$out/logs/$tool.log" 2>&1
+        rc=$?
+        if [ $rc -eq 0 ]; then clean=$((clean + 1)); elif [ $rc -eq 124 ]; then unrun=$((unrun + 1));
+          echo "UNRUN (timed out): $selection" >> "$out/logs/$tool.log"; else dirty=$((dirty + 1));
+          echo "DIRTY (rc=$rc): $selection" >> "$out/logs/$tool.log"; fi
+      done < <(gpu_suites "$tests" "${SANITIZE_FILTER:-*}")
+    done
+    note "$tool: suites clean=$clean with-errors=$dirty unrun=$unrun"
+    grep -E '^(DIRTY|UNRUN)' "$out/logs/$tool.log" | tee -a "$summary"
+  done
 fi
 
 if [ -z "${SKIP_PEAKS:-}" ]; then
@@ -61,35 +91,31 @@ if [ -z "${SKIP_PEAKS:-}" ]; then
 fi
 
 if [ -z "${SKIP_SKELETON:-}" ] && [ -x "$lab" ]; then
-  "$lab" skeleton > "$out/logs/skeleton.txt" 2> "$out/logs/skeleton.err"
-  note "skeleton: rc=$?"
-  "$lab" gather-probe > "$out/logs/gather-probe.txt" 2> "$out/logs/gather-probe.err"
-  note "gather-probe: rc=$?"
-  "$lab" stream-probe > "$out/logs/stream-probe.txt" 2> "$out/logs/stream-probe.err"
-  note "stream-probe: rc=$?"
-  "$lab" warp-probe > "$out/logs/warp-probe.txt" 2> "$out/logs/warp-probe.err"
-  note "warp-probe: rc=$?"
+  for probe in skeleton gather-probe stream-probe warp-probe; do
+    "$lab" "$probe" > "$out/logs/$probe.txt" 2> "$out/logs/$probe.err"
+    note "$probe: rc=$?"
+  done
 fi
 
-# Default: the runs docs/perf.md records (T sweep; deterministic, PDL-off and eager variants;
-# skewed distributions).
-IFS=';' read -r -a runs <<< "${CHECK_BENCH:---preset qwen35-single --tokens 1,8,32,128,512,2048,4096,8192;--preset qwen35-single --tokens 1,128 --deterministic;--preset qwen35-single --tokens 1,128 --no-pdl --no-check;--preset qwen35-single --tokens 1,128 --eager --no-check;--preset qwen35-single --dist zipf:1.2 --no-check;--preset qwen35-single --dist hot:0.9 --no-check;--preset qwen35-single --dist concentrated --no-check}"
+# The runs docs/perf/current.md shows: the T sweep; deterministic, PDL-off and eager variants;
+# skewed distributions.
+IFS=';' read -r -a runs <<< "${CHECK_BENCH:---preset qwen35-single --tokens 1,8,32,128,512,2048,8192;--preset qwen35-single --tokens 1,128,2048 --deterministic;--preset qwen35-single --tokens 1,128 --no-pdl --no-check;--preset qwen35-single --tokens 1,128 --eager --no-check;--preset qwen35-single --dist zipf:1.2 --no-check;--preset qwen35-single --dist hot:0.9 --no-check;--preset qwen35-single --dist concentrated --no-check}"
+: > "$out/logs/bench-manifest.tsv"
 i=0
 for run in "${runs[@]}"; do
   i=$((i + 1))
   # shellcheck disable=SC2086
   "$loom" bench $run --json "$out/logs/bench$i.json" > "$out/logs/bench$i.txt" 2> "$out/logs/bench$i.err"
   note "bench$i ($run): rc=$?"
+  printf 'bench%s.json\t%s\n' "$i" "$run" >> "$out/logs/bench-manifest.tsv"
 done
+python3 scripts/perf_current.py "$out/logs/bench-manifest.tsv" > "$out/current.md" 2> "$out/logs/current.err"
+note "current.md: rc=$?"
 
 tar -C "$out" -czf "$out/gpu-check.tar.gz" logs
 cp "$out/logs/summary.txt" "$out/summary.txt"
 rm -rf "$out/logs"
-tar -xzOf "$out/gpu-check.tar.gz" logs/peaks.txt 2>/dev/null
-tar -xzOf "$out/gpu-check.tar.gz" logs/skeleton.txt 2>/dev/null
-tar -xzOf "$out/gpu-check.tar.gz" logs/gather-probe.txt 2>/dev/null
-tar -xzOf "$out/gpu-check.tar.gz" logs/stream-probe.txt 2>/dev/null
-tar -xzOf "$out/gpu-check.tar.gz" logs/warp-probe.txt 2>/dev/null
+for f in peaks skeleton gather-probe stream-probe warp-probe; do tar -xzOf "$out/gpu-check.tar.gz" "logs/$f.txt" 2>/dev/null; done
 for j in $(seq 1 $i); do tar -xzOf "$out/gpu-check.tar.gz" "logs/bench$j.txt" 2>/dev/null; done
 echo "---- summary"
 cat "$out/summary.txt"

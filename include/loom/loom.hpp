@@ -10,6 +10,7 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <memory>
 #include <string>
 
 #include "loom/status.hpp"
@@ -33,7 +34,27 @@ struct Options {
   // each route to its expert's bin (one atomic) and the GEMM reads the bins, so no dispatch kernel
   // runs (a one-CTA clear kernel zeroes the bin counters first). Off: the count and dispatch kernels.
   bool expert_bins = true;
+  // A GEMM config key (e.g. "tM.tall.s4.bulk.dyn", see `loom info`) that every batch runs instead of
+  // the chooser's; plan() rejects one the shape or these options cannot run. Empty: the chooser.
+  std::string gemm_config;
 };
+
+// The device a plan is made for: what the plan's choices depend on. A plan can be made for a
+// described device without one present (device_spec("h200")) to see what it would launch; it runs
+// on any sm_90 GPU, tuned for the one it was made for.
+struct DeviceSpec {
+  std::string name;
+  int major = 9, minor = 0;
+  int sm_count = 0;
+  int64_t l2_bytes = 0;
+  int64_t smem_per_block = 0;  // opt-in shared memory per block
+};
+// The current CUDA device; throws loom::Error without one.
+DeviceSpec current_device();
+// A described device: "h200" or "h100" (SXM). Throws loom::Error for other names.
+DeviceSpec device_spec(const std::string& name);
+
+struct PlanBuckets;  // the launch lists, by token count (src/pipeline/plan_buckets.hpp)
 
 struct Plan {
   Shape shape;  // shape.tokens = the most tokens a run may carry
@@ -42,7 +63,9 @@ struct Plan {
   int sm_count = 0;
   int64_t l2_bytes = 0;
   std::string device_name;
-  std::string gemm_config;  // printable kernel choice
+  std::string gemm_config;  // the GEMM config key at the plan's most tokens, routed from logits
+  // What run() enqueues for each range of token counts, computed once by plan().
+  std::shared_ptr<const PlanBuckets> buckets;
   // Workspace carve-up (byte offsets), sized for shape.tokens.
   struct Layout {
     size_t topk_ids, topk_weights, nan_flags, offsets, route_row, row_token, row_weight, x, x_scales, y,
@@ -53,8 +76,9 @@ struct Plan {
 };
 
 Plan plan(const Shape& max_shape, const Routing& routing, const Options& options = {});
+Plan plan(const Shape& max_shape, const Routing& routing, const Options& options, const DeviceSpec& device);
 size_t workspace_bytes(const Plan& p);
-std::string describe(const Plan& p);  // every choice, one per line
+std::string describe(const Plan& p);  // every choice, one per line, and the launches of every bucket
 
 struct Weights {
   const void* w1 = nullptr;         // single: [E, N, K] e4m3 codes, K-major

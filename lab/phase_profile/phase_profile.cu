@@ -121,16 +121,17 @@ void run_phase_profile(const PhaseProfileOptions& opt, std::ostream& log) {
   run(plan, weights, in, d_out.get(), d_ws.get(), nullptr);
   LOOM_CUDA_CHECK(cudaDeviceSynchronize());
   const GemmLaunch g = gemm_launch_for(plan, weights, in, d_out.get(), d_ws.get());
-  if (g.config.x_source != XSource::token_fragments)
+  const auto* config = std::get_if<TokensOnMConfig>(&g.config);
+  if (!config)
     throw Error("phase profile: T=" + std::to_string(s.tokens) + " does not run the tokens-on-M kernel (" +
-                g.config.str() + ")");
-  const gemm::TokensOnMLaunch l = gemm::make_tokens_on_m_launch(g.params, g.config);
+                key(g.config) + ")");
+  const gemm::TokensOnMLaunch l = gemm::make_tokens_on_m_launch(g.params, *config);
   static const unsigned long long zero[4][kPhCount] = {};
   LOOM_CUDA_CHECK(cudaMemcpyToSymbol(g_phase, zero, sizeof zero));
   bench::GpuTimer timer(*dev);
   for (int r = 0; r < opt.runs; ++r) {
     timer.flush_l2(timer.stream());
-    if (g.config.wide_tiles)
+    if (config->wide)
       gemm::launch_grouped_gemm<ProfiledWide>(l.map, l.args, dev->sm_count, gemm::launch_smem_bytes<ProfiledWide>,
                                               timer.stream(), false);
     else
@@ -138,7 +139,7 @@ void run_phase_profile(const PhaseProfileOptions& opt, std::ostream& log) {
                                               timer.stream(), false);
   }
   LOOM_CUDA_CHECK(cudaStreamSynchronize(timer.stream()));
-  log << "preset " << opt.preset << ", T=" << s.tokens << ", " << opt.runs << " cold launches of " << g.config.str()
+  log << "preset " << opt.preset << ", T=" << s.tokens << ", " << opt.runs << " cold launches of " << key(g.config)
       << "\n";
   print_phases(log, int(s.hidden / 128));
 }

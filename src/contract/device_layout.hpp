@@ -45,13 +45,21 @@ inline constexpr int kBinCountStride = 32;
 inline constexpr int64_t round_up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
 inline constexpr int64_t padded_rows(int64_t routes) { return round_up(routes, 4); }
 
+// The activation rows' layout the quantiser writes and the GEMM reads.
+//  gather_by_token: token order, one row per token (the GEMM gathers a sorted row's activations by
+//                   row_token); no route_row needed, so small batches have one kernel before the GEMM.
+//  sorted_rows:     one row per route in expert-sorted order (row route_row[t * k + j]), read by TMA.
+//  token_fragments: token order with each 128-byte group's words in wgmma A-fragment order
+//                   (fragment_word), for the tokens-on-M GEMM.
+enum class XSource { gather_by_token, sorted_rows, token_fragments };
+
 // The activation scales' layout (G = ceil(H/128) groups of 128, `rows` a multiple of 4):
 //  group_major: [G, rows], group g's scales of consecutive rows side by side: a GEMM stage reads
 //               one group of its chunk's rows as one TMA box.
 //  row_quads:   [ceil(G/4), rows, 4], a row's groups 4q..4q+3 side by side (sorted rows only): a
 //               route's four groups of one quad, which one warp quantises, go out as one 16-byte
 //               store instead of four scattered 4-byte ones; the GEMM loads a 4-group box and
-//               picks its group (docs/perf.md, tenth session).
+//               picks its group (docs/perf/journal/sessions-01-40.md, tenth session).
 enum class ScaleLayout { group_major, row_quads };
 inline constexpr int64_t scale_index(ScaleLayout layout, int64_t group, int64_t row, int64_t rows) {
   return layout == ScaleLayout::group_major ? group * rows + row : (group / 4 * rows + row) * 4 + group % 4;

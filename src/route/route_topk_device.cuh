@@ -101,7 +101,7 @@ struct SlotValues {
 // The softmax routing's rare paths (a soft-cap, no renormalisation) are calls, not inline blocks.
 // Inline, each put a few KiB of code on the common path, which jumped over it, and at every replay
 // that jump missed the cold instruction cache: ~0.2 us of the small batches' chain for the two
-// (docs/perf.md, thirty-third session).
+// (docs/perf/journal/sessions-01-40.md, thirty-third session).
 template <int V>
 __device__ __noinline__ SlotValues<V> soft_capped(SlotValues<V> x, float cap) {
 #pragma unroll
@@ -160,7 +160,7 @@ __device__ __forceinline__ uint32_t take_best(uint32_t (&key)[V], const float (&
 // one ballot and the winner's two shuffles; only a lane that wins a third time rescans (~1 in 20
 // tokens with random logits, more with many ties), where take_best also rescans V slots. Faster
 // where routing is issue-bound (route + quantise alone T=8192 31.6 vs 38.0 us), slower where it is
-// latency-bound (route alone T=128 5.9 vs 5.1 us, e2e T=1 +0.3-0.8 us; docs/perf.md, thirteenth
+// latency-bound (route alone T=128 5.9 vs 5.1 us, e2e T=1 +0.3-0.8 us; docs/perf/journal/sessions-01-40.md, thirteenth
 // session), so only the large-batch launch uses it.
 // Ties: a lane's scan goes up its slots with a strict comparison (the lower slot, i.e. the lower
 // id, ranks first), and among lanes tied on the best key the lowest lane, whose ids are lower,

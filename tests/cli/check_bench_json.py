@@ -6,7 +6,7 @@ records = json.load(open(sys.argv[1]))
 assert isinstance(records, list) and records, "expected a non-empty array of records"
 for r in records:
     for key in ("tool", "commit", "preset", "device", "shape", "routing", "distribution", "seed", "path",
-                "config", "metrics", "timings", "sol", "derived", "note"):
+                "config", "gemm_config", "launches", "metrics", "timings", "sol", "derived", "note"):
         assert key in r, f"record lacks '{key}'"
     for key in ("tokens", "hidden", "inter", "experts", "topk", "mode", "dtype"):
         assert key in r["shape"], f"shape lacks '{key}'"
@@ -18,6 +18,8 @@ for r in records:
             assert key in r["sol"], f"sol lacks '{key}'"
     else:
         assert r["sol"]["why_not"], "an unmeasured SoL must say why"
+    if r["path"] == "gpu" and r["shape"]["tokens"] > 0:
+        assert r["gemm_config"] and r["launches"], "a GPU record names the GEMM config and launches it ran"
     if r["path"] == "cpu-reference":
         # A CPU time is never presented as a GPU result.
         assert not r["timings"], "CPU path must not report GPU timings"

@@ -47,6 +47,11 @@ loom_cli_test(help 0 OUT "loom bench" ARGS help)
 loom_cli_test(tokens_zero 0 OUT "T=0: empty output" ARGS bench ${small} --tokens 0)
 loom_cli_test(replay_ok 0 OUT "loom bench" ARGS bench ${small} --dist replay:${LOOM_CLI_DATA}/replay_ok.json)
 loom_cli_test(info 0 OUT "plan:" ARGS info --preset qwen35-layer)
+# A plan for a described device, with no GPU: every bucket's launches and the configs' keys.
+loom_cli_test(info_device 0 OUT "T=1: route\\+dispatch\\+quant -> gemm wM.early" ARGS info --device h200 --tokens 8192)
+loom_cli_test(info_device_override 0 OUT "T=257..4096: .*gemm tM.tall.s4.bulk.dyn" ARGS info --device h200 --tokens 4096 --gemm-config tM.tall.s4.bulk.dyn)
+loom_cli_test(info_bad_key nonzero ERR "GEMM config 'wM.quick': unknown rows 'quick'" ARGS info --device h200 --gemm-config wM.quick)
+loom_cli_test(info_unknown_device nonzero ERR "unknown device 'a100'" ARGS info --device a100)
 # The README's main command, and its JSON.
 loom_cli_test(bench_default 0 OUT "qwen35-single" JSON ${LOOM_CLI_DATA}/bench.json
               ARGS bench --preset qwen35-single --json ${LOOM_CLI_DATA}/bench.json)

@@ -12,6 +12,7 @@
 #include "common/rng.hpp"
 #include "dispatch/dispatch_ref.hpp"
 #include "gemm/gemm_fp8.hpp"
+#include "gemm/select/choose.hpp"
 #include "gemm/gemm_ref.hpp"
 #include "gpu_test.hpp"
 #include "contract/device_layout.hpp"
@@ -129,27 +130,28 @@ void run_case(const GemmCase& c, CombineMode mode, uint64_t seed) {
   p.k = int(K);
   p.combine = mode;
   const DeviceInfo dev = *query_device();
-  auto launch = [&](const GemmFp8Config& cfg, bool pdl = false) {
-    const bool frag = cfg.x_source == XSource::token_fragments;
-    const bool gather = cfg.x_source == XSource::gather_by_token || frag;
+  auto launch = [&](const GemmConfig& cfg, bool pdl = false) {
+    const bool frag = x_source(cfg) == XSource::token_fragments;
+    const bool gather = x_source(cfg) == XSource::gather_by_token || frag;
     p.x = frag ? dxf.as<uint8_t>() : gather ? dx.as<uint8_t>() : da.as<uint8_t>();
     // Sorted rows under the hand-off epilogue read their scales in row quads; token fragments in
     // either layout.
-    const bool quads = cfg.handoff_epilogue || (frag && frag_scale_quads);
+    const auto* wmc = std::get_if<WeightsOnMConfig>(&cfg);
+    const bool quads = (wmc && wmc->handoff) || (frag && frag_scale_quads);
     p.x_scale_layout = quads ? ScaleLayout::row_quads : ScaleLayout::group_major;
     p.x_scales = gather ? (quads ? dxsq.as<float>() : dxs.as<float>()) : quads ? dasq.as<float>() : das.as<float>();
     p.x_rows = gather ? Tp : Rp;
     // Atomic mode accumulates into zeros; store mode must overwrite every valid row (poison it).
     LOOM_CUDA_CHECK(cudaMemset(dout.get(), mode == CombineMode::atomic ? 0 : 0xff, dout.bytes()));
-    p.work_queue = cfg.dynamic ? dqueue.as<int32_t>() : nullptr;
+    p.work_queue = uses_work_queue(cfg) ? dqueue.as<int32_t>() : nullptr;
     p.hit_list = with_hit_list ? dhits.as<int4>() : nullptr;
     launch_gemm_fp8(p, cfg, dev, nullptr, pdl);
     LOOM_CUDA_CHECK(cudaGetLastError());
     LOOM_CUDA_CHECK(cudaDeviceSynchronize());
     // The dynamic walk leaves its queue zero for the next launch.
     const std::vector<int32_t> queue = dqueue.to_host<int32_t>();
-    EXPECT_EQ(queue[0], 0) << cfg.str();
-    EXPECT_EQ(queue[1], 0) << cfg.str();
+    EXPECT_EQ(queue[0], 0) << key(cfg);
+    EXPECT_EQ(queue[1], 0) << key(cfg);
     return dout.to_host<float>();
   };
 
@@ -157,21 +159,25 @@ void run_case(const GemmCase& c, CombineMode mode, uint64_t seed) {
   // at most resident_rows_capacity), round robin and from the queue, with and without PDL.
   auto run_resident = [&](bool pdl, const char* routes) {
     if (resident_rows_capacity(N, K) == 0) return;
-    GemmFp8Config cfg;
-    cfg.resident_rows = true;
+    ResidentConfig cfg;
     cfg.weights_evict_first = pdl;
     cfg.dynamic = pdl;
-    SCOPED_TRACE(cfg.str() + ", " + routes);
+    SCOPED_TRACE(key(cfg) + ", " + routes);
     const std::vector<float> res = launch(cfg, pdl);
     const ErrorStats e = relative_error(res.data(), ref.data(), out_rows, N);
     EXPECT_LE(e.overall, 2e-3);
     EXPECT_LE(e.worst_row, 1e-2) << "worst token row " << e.worst_row_index;
   };
 
-  GemmFp8Config chosen = choose_gemm_fp8_config(s.tokens, s.topk, s.experts, N, K, mode == CombineMode::store, dev);
-  // The variants and walks below are the options of the other kernels: start them from its defaults
-  // where the chooser took the register-loaded kernel (which has none; it runs on its own below).
-  if (chosen.x_source == XSource::token_fragments || chosen.resident_rows) chosen = GemmFp8Config{};
+  GemmProblem problem;
+  problem.tokens = s.tokens;
+  problem.topk = s.topk;
+  problem.experts = s.experts;
+  problem.n = N;
+  problem.k = K;
+  problem.deterministic = mode == CombineMode::store;
+  problem.allow_tokens_on_m = false;  // the weights-on-M variants and walks below start from its choice
+  WeightsOnMConfig chosen = std::get<WeightsOnMConfig>(choose_gemm_config(problem, dev));
   std::vector<float> got, got_default;
   // Both activation sources and both epilogues (sorted rows). Every kernel instantiation runs:
   // gathered batches (chunks of at most 32 rows, so experts with more rows take several), sorted
@@ -182,12 +188,15 @@ void run_case(const GemmCase& c, CombineMode mode, uint64_t seed) {
   };
   for (const auto& [source, handoff] : {Variant{XSource::gather_by_token, false},
                                         Variant{XSource::sorted_rows, false}, Variant{XSource::sorted_rows, true}}) {
-    GemmFp8Config cfg = chosen;
-    cfg.x_source = source;
-    cfg.balanced = cfg.balanced && source == XSource::gather_by_token;
-    cfg.dynamic = source == XSource::sorted_rows;  // as the chooser pairs them
-    set_handoff_epilogue(cfg, handoff);  // after the source: it sets the stage count
-    SCOPED_TRACE(cfg.str());
+    WeightsOnMConfig cfg = chosen;
+    const bool sorted = source == XSource::sorted_rows;
+    cfg.rows = sorted ? WmRows::sorted : WmRows::gather;
+    cfg.balanced = cfg.balanced && !sorted;
+    cfg.dynamic = sorted;  // as the chooser pairs them
+    cfg.handoff = handoff;
+    cfg.x_evict_first = cfg.x_evict_first && sorted;
+    cfg.warm_up = false;
+    SCOPED_TRACE(key(cfg));
     got = launch(cfg);
     if (source == XSource::gather_by_token) got_default = got;
     const ErrorStats e = relative_error(got.data(), ref.data(), out_rows, N);
@@ -203,12 +212,12 @@ void run_case(const GemmCase& c, CombineMode mode, uint64_t seed) {
     for (const bool dynamic : {false, true})
     for (const bool quads : {false, true}) {
       if (wide && K % 256 != 0) continue;  // wide tiles take an even number of K blocks
-      GemmFp8Config cfg;
-      cfg.x_source = XSource::token_fragments;
-      cfg.wide_tiles = wide;
+      TokensOnMConfig cfg;
+      cfg.wide = wide;
       cfg.dynamic = dynamic;
+      cfg.store = mode == CombineMode::store;
       frag_scale_quads = quads;
-      SCOPED_TRACE(cfg.str() + (quads ? ", scales in row quads" : ", scales group-major"));
+      SCOPED_TRACE(key(cfg) + (quads ? ", scales in row quads" : ", scales group-major"));
       got = launch(cfg, pdl);
       const ErrorStats e = relative_error(got.data(), ref.data(), out_rows, N);
       EXPECT_LE(e.overall, 2e-3);
@@ -245,12 +254,11 @@ void run_case(const GemmCase& c, CombineMode mode, uint64_t seed) {
     p.row_weight = dbwt.as<float>();
     for (const bool wide : {false, true}) {
       if (!frag_ok || (wide && K % 256 != 0)) continue;
-      GemmFp8Config cfg;
-      cfg.x_source = XSource::token_fragments;
-      cfg.wide_tiles = wide;
+      TokensOnMConfig cfg;
+      cfg.wide = wide;
       cfg.dynamic = true;
       frag_scale_quads = wide;  // both layouts, as the pipeline's token fragments take row quads
-      SCOPED_TRACE(cfg.str() + ", expert bins" + (wide ? ", scales in row quads" : ""));
+      SCOPED_TRACE(key(cfg) + ", expert bins" + (wide ? ", scales in row quads" : ""));
       got = launch(cfg, true);
       const ErrorStats e = relative_error(got.data(), ref.data(), out_rows, N);
       EXPECT_LE(e.overall, 2e-3);
@@ -260,14 +268,16 @@ void run_case(const GemmCase& c, CombineMode mode, uint64_t seed) {
     // first chunks) and without.
     for (const bool balanced : {false, true})
       for (const bool pdl : {false, true}) {
-        GemmFp8Config cfg = chosen;
-        cfg.x_source = XSource::gather_by_token;
+        WeightsOnMConfig cfg = chosen;
+        cfg.rows = WmRows::bins;
+        cfg.dense = false;
         cfg.split_k = 1;
         cfg.dynamic = false;
+        cfg.handoff = false;
+        cfg.x_evict_first = false;
         cfg.balanced = balanced;
         cfg.warm_up = true;
-        set_handoff_epilogue(cfg, false);
-        SCOPED_TRACE(cfg.str() + ", expert bins");
+        SCOPED_TRACE(key(cfg) + ", expert bins");
         got = launch(cfg, pdl);
         const ErrorStats e = relative_error(got.data(), ref.data(), out_rows, N);
         EXPECT_LE(e.overall, 2e-3);
@@ -294,22 +304,24 @@ void run_case(const GemmCase& c, CombineMode mode, uint64_t seed) {
          {Walk{true, 1, false, false}, Walk{false, 1, false, false}, Walk{false, 3, false, false},
           Walk{false, 1, true, false}, Walk{true, 1, true, false}, Walk{true, 1, false, true},
           Walk{false, 1, false, true}, Walk{false, 3, false, true}}) {
-      GemmFp8Config cfg = chosen;
+      WeightsOnMConfig cfg = chosen;
+      cfg.rows = dynamic ? WmRows::sorted : WmRows::gather;
       cfg.dense = dense;
       cfg.split_k = split;
       cfg.balanced = balanced;
       cfg.dynamic = dynamic;
-      if (dynamic) cfg.x_source = XSource::sorted_rows;
-      set_handoff_epilogue(cfg, cfg.x_source == XSource::sorted_rows);
+      cfg.handoff = dynamic;
+      cfg.x_evict_first = cfg.x_evict_first && dynamic;
       // Compact walks also from a hit list (as after the fused small-batch kernel). PDL launches:
       // gathered batches with a hit list or a dense walk then run the producer's dry walk before
-      // the wait (GemmFp8Config::warm_up), which must leave no trace in the result.
+      // the wait (WeightsOnMConfig::warm_up), which must leave no trace in the result.
       for (const bool hit_list : {false, true}) {
         if (hit_list && dense) continue;
         with_hit_list = hit_list;
+        cfg.warm_up = !dynamic && (dense || hit_list);
         const std::vector<float> again = launch(cfg, true);
         const ErrorStats e = relative_error(again.data(), base.data(), s.tokens, N);
-        EXPECT_LE(e.overall, 1e-5) << cfg.str() << (hit_list ? ", hit list" : "");
+        EXPECT_LE(e.overall, 1e-5) << key(cfg) << (hit_list ? ", hit list" : "");
       }
       with_hit_list = false;
     }

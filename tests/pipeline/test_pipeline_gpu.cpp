@@ -9,6 +9,7 @@
 
 #include "bench/device_buffer.hpp"
 #include "gemm/gemm_fp8.hpp"
+#include "gemm/select/choose.hpp"
 #include "gpu_test.hpp"
 #include "loom/loom.hpp"
 #include "contract/device_layout.hpp"

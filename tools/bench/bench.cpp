@@ -400,6 +400,12 @@ std::vector<Record> run_bench(const BenchOptions& opt, std::ostream& log) {
     if (gpu_plan) {
       r.path = "gpu";
       r.config = describe(*gpu_plan);
+      if (t > 0) {
+        const bool from_logits = !routes.logits.empty();
+        const Launches& l = launches_for(*gpu_plan, t, from_logits);
+        r.gemm_config = key(l.gemm);
+        r.launches = l.summary(from_logits);
+      }
       if (t > 0)
         measure_gpu(opt, *gpu_plan, s, routes, hidden, reference ? &*reference : nullptr, *dev, *timer,
                     device_weights, r, log);

@@ -59,6 +59,7 @@ std::string to_json(const std::vector<Record>& records) {
     w.end_object();
     w.field("routing", describe(r.routing)).field("distribution", r.distribution);
     w.field("seed", int64_t(r.seed)).field("path", r.path).field("config", r.config);
+    w.field("gemm_config", r.gemm_config).field("launches", r.launches);
     w.key("metrics").begin_object();
     w.field("flops", r.work.flops).field("experts_hit", r.work.experts_hit);
     w.field("weight_bytes", r.work.weight_bytes).field("activation_bytes", r.work.activation_bytes);
@@ -120,7 +121,7 @@ std::string to_csv(const std::vector<Record>& records) {
   std::ostringstream o;
   o << "preset,tokens,hidden,inter,experts,topk,mode,dtype,distribution,seed,path,commit,device,experts_hit,flops,"
        "bytes,e2e_median_us,e2e_p10_us,e2e_p90_us,e2e_warm_median_us,gemm_median_us,cpu_reference_ms,"
-       "sol_read_us,sol_gemm_us,floor_us,time_over_floor,tflops,tb_per_s,mfu,rel_err,worst_row_rel_err\n";
+       "sol_read_us,sol_gemm_us,floor_us,time_over_floor,tflops,tb_per_s,mfu,rel_err,worst_row_rel_err,gemm_config\n";
   for (const Record& r : records) {
     const Stats* h = r.headline();
     const Timed* e2e = r.find("e2e");
@@ -140,7 +141,8 @@ std::string to_csv(const std::vector<Record>& records) {
       << ',' << num(h, h ? r.work.flops / (h->median_us * 1e6) : 0) << ','
       << num(h, h ? double(r.work.bytes()) / (h->median_us * 1e6) : 0) << ','
       << num(h, h ? r.work.flops / (h->median_us * 1e6) / peak_tflops(r.shape.dtype) : 0) << ','
-      << num(r.check_overall >= 0, r.check_overall) << ',' << num(r.check_worst_row >= 0, r.check_worst_row) << '\n';
+      << num(r.check_overall >= 0, r.check_overall) << ',' << num(r.check_worst_row >= 0, r.check_worst_row) << ','
+      << r.gemm_config << '\n';
   }
   return o.str();
 }
@@ -197,6 +199,8 @@ std::string to_table(const std::vector<Record>& records) {
       if (const Timed* t = r.find(name)) parts += std::string(parts.empty() ? "" : ", ") + name + " " + fmt("%.1f", t->cold.median_us);
     if (!parts.empty()) o << "stages alone (T=" << r.shape.tokens << ", us): " << parts << "\n";
   }
+  for (const Record& r : records)
+    if (!r.launches.empty()) o << "launches (T=" << r.shape.tokens << "): " << r.launches << "\n";
   for (const Record& r : records)
     if (!r.note.empty()) o << "note (T=" << r.shape.tokens << "): " << r.note << "\n";
   return o.str();

@@ -42,6 +42,8 @@ struct Record {
   uint64_t seed = 0;
   std::string path;    // "gpu" or "cpu-reference"
   std::string config;  // the plan's choices
+  std::string gemm_config;  // the GEMM config key this run launched (gpu path)
+  std::string launches;     // what this run enqueued, in order (gpu path)
   std::string commit;
   std::optional<DeviceInfo> device;
   Work work;

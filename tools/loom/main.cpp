@@ -2,6 +2,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <iostream>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -24,7 +25,9 @@ constexpr const char* kUsage = R"(loom - fused MoE kernels for Hopper: benchmark
 usage:
   loom bench [options]   time the MoE layer on a workload (default: --preset qwen35-single)
   loom peaks [options]   measure the device's read bandwidth and dense GEMM rates
-  loom info [options]    show the device and the plan loom would use for a shape
+  loom info [options]    show the device and the plan loom would use for a shape: what each range
+                         of token counts launches, and the GEMM configs; --device h200|h100 plans
+                         for a described device (no GPU needed), --gemm-config KEY as in bench
   loom help              this text
 
 workload options (bench, info):
@@ -45,6 +48,8 @@ bench options:
                          eager launches) / the fused small-batch route+dispatch kernels
   --no-bins              the count and dispatch kernels instead of the routing's expert bins
                          (register-loaded GEMM batches, and gathering ones above 32 tokens)
+  --gemm-config KEY      run every batch on this GEMM config (a key `loom info` lists, e.g.
+                         tM.tall.s4.bulk.dyn) instead of the chooser's
   --dist-logits          run a distribution of ids (balanced, zipf, hot, ...) from router logits
                          whose softmax top-k are those ids, through the routing kernel
   --no-check             skip the comparison of the GPU output with the CPU reference
@@ -115,7 +120,7 @@ std::vector<std::string> rest(int argc, char** argv) { return std::vector<std::s
 
 int cmd_bench(int argc, char** argv) {
   std::set<std::string> valued = kWorkloadFlags;
-  valued.insert({"reps", "warmup", "json", "csv", "max-copies", "max-cpu-gflop", "trace-chain"});
+  valued.insert({"reps", "warmup", "json", "csv", "max-copies", "max-cpu-gflop", "trace-chain", "gemm-config"});
   const Args a(rest(argc, argv), valued,
                {"no-renorm", "sweep", "no-sol", "deterministic", "no-pdl", "eager", "no-check", "no-fuse", "no-bins",
                 "dist-logits"});
@@ -140,6 +145,7 @@ int cmd_bench(int argc, char** argv) {
   opt.layer.pdl = !a.has("no-pdl");
   opt.layer.fuse_small_batch = !a.has("no-fuse");
   opt.layer.expert_bins = !a.has("no-bins");
+  opt.layer.gemm_config = a.str("gemm-config", "");
   opt.timer.graph = !a.has("eager");
   opt.check = !a.has("no-check");
   opt.trace_chain = int(a.integer("trace-chain", 0));
@@ -165,29 +171,47 @@ int cmd_peaks(int argc, char** argv) {
 }
 
 int cmd_info(int argc, char** argv) {
-  const Args a(rest(argc, argv), kWorkloadFlags, {"no-renorm", "sweep", "deterministic", "no-pdl"});
+  std::set<std::string> valued = kWorkloadFlags;
+  valued.insert({"device", "gemm-config"});
+  const Args a(rest(argc, argv), valued, {"no-renorm", "sweep", "deterministic", "no-pdl", "no-fuse", "no-bins"});
   const Workload w = parse_workload(a);
-  std::string why;
-  const auto dev = loom::query_device(&why);
   std::cout << "loom " << loom::build_commit() << "\n";
-  if (dev) {
-    std::cout << "device: " << dev->name << " (sm_" << dev->major << dev->minor << "), " << dev->sm_count
-              << " SMs, L2 " << (dev->l2_bytes >> 20) << " MiB, " << (dev->global_bytes >> 30) << " GiB, "
-              << dev->smem_per_block_optin / 1024 << " KiB smem/block, " << dev->clock_mhz << " MHz\n";
+  std::optional<loom::DeviceSpec> spec;
+  if (a.has("device")) {
+    spec = loom::device_spec(a.str("device", ""));
+    std::cout << "device: " << spec->name << ", " << spec->sm_count << " SMs, L2 " << (spec->l2_bytes >> 20)
+              << " MiB, " << spec->smem_per_block / 1024 << " KiB smem/block\n";
   } else {
-    std::cout << "device: none (" << why << ")\n";
+    std::string why;
+    const auto dev = loom::query_device(&why);
+    if (dev) {
+      spec = loom::current_device();
+      std::cout << "device: " << dev->name << " (sm_" << dev->major << dev->minor << "), " << dev->sm_count
+                << " SMs, L2 " << (dev->l2_bytes >> 20) << " MiB, " << (dev->global_bytes >> 30) << " GiB, "
+                << dev->smem_per_block_optin / 1024 << " KiB smem/block, " << dev->clock_mhz << " MHz\n";
+    } else {
+      std::cout << "device: none (" << why << "; --device h200 plans for a described one)\n";
+    }
   }
   std::cout << "workload: " << w.preset << ", " << loom::describe(w.shape) << ", " << loom::describe(w.routing)
             << ", dist " << loom::to_string(w.dist) << "\n";
   loom::Options opt;
   opt.deterministic = a.has("deterministic");
   opt.pdl = !a.has("no-pdl");
+  opt.fuse_small_batch = !a.has("no-fuse");
+  opt.expert_bins = !a.has("no-bins");
+  opt.gemm_config = a.str("gemm-config", "");
   loom::Shape s = w.shape;
   s.tokens = *std::max_element(w.tokens.begin(), w.tokens.end());
+  if (!spec) {
+    std::cout << "plan: none without a device\n";
+    return 0;
+  }
   try {
-    const loom::Plan p = loom::plan(s, w.routing, opt);
+    const loom::Plan p = loom::plan(s, w.routing, opt, *spec);
     std::cout << "plan (GPU):\n" << loom::describe(p);
   } catch (const Error& e) {
+    if (!opt.gemm_config.empty()) throw;  // a key that cannot run is the user's error
     std::cout << "plan: CPU reference only (" << e.what() << ")\n";
   }
   return 0;

@@ -44,9 +44,9 @@ struct TokensOnMArgs {
   float* out;
   int experts, n, k, nblocks, kblocks;
   int atomic;
-  int weights_evict_first;  // GemmFp8Config::weights_evict_first
-  int x_evict_last;         // GemmFp8Config::x_evict_last
-  int32_t* queue;           // dynamic tail (GemmFp8Config::dynamic): the work queue; nullptr: round robin
+  int weights_evict_first;  // TokensOnMConfig::weights_evict_first
+  int x_evict_last;         // TokensOnMConfig::x_evict_last
+  int32_t* queue;           // dynamic tail (TokensOnMConfig::dynamic): the work queue; nullptr: round robin
 };
 
 // Host: the tensor map and arguments of a tokens-on-M launch, after every check of what the kernel
@@ -55,7 +55,7 @@ struct TokensOnMLaunch {
   CUtensorMap map;
   TokensOnMArgs args;
 };
-TokensOnMLaunch make_tokens_on_m_launch(const GemmFp8Params& p, const GemmFp8Config& cfg);
+TokensOnMLaunch make_tokens_on_m_launch(const GemmFp8Params& p, const TokensOnMConfig& cfg);
 
 namespace tokens_on_m {
 

@@ -45,7 +45,7 @@ struct WeightsOnMArgs {
   int atomic;
   int dense;
   int split_k, kblocks_per_split;
-  int balanced;  // CTAs take equal shares of the (unit, K block) space (GemmFp8Config::balanced)
+  int balanced;  // CTAs take equal shares of the (unit, K block) space (WeightsOnMConfig::balanced)
   // L2 eviction priority of the TMA loads: 1 = evict_first (read once, let it go first), 0 = normal.
   int weights_evict_first, x_evict_first;
   // Dynamic tail (sorted rows): the work queue (scheduler/work_queue.cuh); nullptr = static walk.
@@ -54,7 +54,7 @@ struct WeightsOnMArgs {
   // (DispatchParams::hit_list); nullptr = built here from the offsets.
   const int4* hit_list;
   // Gathered batches under PDL, with a hit list or a dense walk: the producer walks to its first
-  // unit's rows once, dry, before the PDL wait (GemmFp8Config::warm_up).
+  // unit's rows once, dry, before the PDL wait (WeightsOnMConfig::warm_up).
   int warm_up;
   // The unit walk's divisors (kblocks, nblocks, nblocks * split_k, split_k, gridDim.x), their
   // divisions on the path from the PDL wait to the first unit a high multiply each.

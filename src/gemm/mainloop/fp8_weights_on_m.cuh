@@ -65,7 +65,7 @@ __device__ __forceinline__ void init_stage_barriers(S& s, uint32_t full_arrivals
 }
 
 // One weight tile (128 rows of the expert's [N, K] block from `row`, K block kb) by TMA, with the
-// L2 evict-first hint when the weight stream outgrows L2 (GemmFp8Config::weights_evict_first).
+// L2 evict-first hint when the weight stream outgrows L2 (WeightsOnMConfig::weights_evict_first).
 // Holds references to the kernel's parameters, not copies: a copy would keep a register of the
 // producer's small budget for the whole walk.
 struct WeightTiles {

@@ -10,7 +10,7 @@
 // are zero-filled. Thread 0 also issues the weight tiles. Each thread's copies arrive on the
 // stage's full barrier (cp.async.mbarrier.arrive.noinc), beside the weight tile's expect_tx.
 //
-// Warm-up (GemmFp8Config::warm_up, under PDL): before the PDL wait the producer runs its loop's
+// Warm-up (WeightsOnMConfig::warm_up, under PDL): before the PDL wait the producer runs its loop's
 // first iteration dry, so that code is in the instruction caches when the wait ends (instruction
 // fetch was half of the GEMM's stalls at T=1).
 #pragma once

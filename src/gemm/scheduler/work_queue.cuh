@@ -3,7 +3,7 @@
 // do not divide evenly among the CTAs; taking every unit from the queue loses the round robin's L2
 // locality).
 //
-// The queue is two int32 words of the GEMM's workspace (kWorkQueueWords): [0] the units taken so
+// The queue is two int32 words of the GEMM's workspace (loom::kWorkQueueWords): [0] the units taken so
 // far, [1] the CTAs done taking. Its reset is the queue's own: the last CTA out leaves both words
 // zero for the next launch; and the plan zeroes them once more in the kernel before the GEMM (its
 // generic word clear, QuantGatherParams::zero_words), so a run never depends on how the previous
@@ -12,9 +12,11 @@
 
 #include <cstdint>
 
+#include "gemm/gemm_fp8.hpp"
+
 namespace loom::gemm {
 
-inline constexpr int kWorkQueueWords = 2;
+static_assert(kWorkQueueWords == 2, "[0] units taken, [1] CTAs done taking");
 // Rounds of units left to the queue (one measured best; docs/perf/journal).
 inline constexpr int kDynamicRounds = 1;
 

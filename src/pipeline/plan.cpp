@@ -1,0 +1,326 @@
+// plan(): validate the shape, decide once what every batch size launches (the buckets), size the
+// workspace for it; describe(); the device a plan is made for.
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+#include <optional>
+#include <sstream>
+
+#include "common/device_info.hpp"
+#include "contract/device_layout.hpp"
+#include "dispatch/dispatch_quant_sm90.cuh"
+#include "dispatch/dispatch_sm90.cuh"
+#include "dispatch/route_dispatch_small_sm90.cuh"
+#include "gemm/gemm_fp8.hpp"
+#include "gemm/select/choose.hpp"
+#include "loom/loom.hpp"
+#include "pipeline/moe_pipeline.hpp"
+#include "pipeline/plan_buckets.hpp"
+#include "quant/quant_ref.hpp"
+
+namespace loom {
+
+namespace {
+
+// Routes from which the routing kernel hands dispatch+quantise its token masks (counting the ids
+// in every CTA's shared memory was slower from there on).
+constexpr int64_t kTokenMasksMinRoutes = 4096;
+// Token counts up to which plan() decides every batch size on its own; above, where every choice
+// is monotone in T, it finds the next change by doubling steps and bisection.
+constexpr int64_t kExactBucketTokens = 16384;
+
+DeviceInfo device_info(const DeviceSpec& d) {
+  DeviceInfo i;
+  i.name = d.name;
+  i.major = d.major;
+  i.minor = d.minor;
+  i.sm_count = d.sm_count;
+  i.l2_bytes = d.l2_bytes;
+  i.smem_per_block_optin = d.smem_per_block;
+  return i;
+}
+
+// Everything a batch of `tokens` launches, routed from logits or from precomputed ids.
+Launches decide(const Shape& s, const Routing& r, const Options& o, const DeviceInfo& dev,
+                const std::optional<GemmConfig>& override_config, int64_t tokens, bool from_logits) {
+  Launches l;
+  Chain& c = l.chain;
+  const int T = int(tokens), k = int(s.topk), E = int(s.experts);
+  c.fused_route_dispatch = from_logits && o.fuse_small_batch && route_dispatch_small_fits(T, k, E, r);
+  // The routes can reach the GEMM in expert bins (routes from logits, fast combine, not fused).
+  const bool bins_possible = from_logits && !c.fused_route_dispatch && !o.deterministic && o.expert_bins;
+  GemmProblem pr;
+  pr.tokens = tokens;
+  pr.topk = s.topk;
+  pr.experts = s.experts;
+  pr.n = s.inter;
+  pr.k = s.hidden;
+  pr.deterministic = o.deterministic;
+  pr.routes_in_bins = bins_possible;
+  l.gemm = override_config ? *override_config : choose_gemm_config(pr, dev);
+  l.combine_rows = o.deterministic;
+  auto fail = [&](const std::string& why) {
+    l.error = "gemm_config " + key(l.gemm) + " " + why;
+    return l;
+  };
+  if (combine_stores_rows(l.gemm) != o.deterministic)
+    return fail(o.deterministic ? "reduces into the output: the deterministic combine needs a config that stores rows"
+                                : "stores route rows: the fast combine needs a config that reduces");
+  const XSource xs = x_source(l.gemm);
+  c.sorted_rows = xs == XSource::sorted_rows;
+  c.quant_with_route = from_logits && !c.sorted_rows;
+  WeightsOnMConfig* wm = std::get_if<WeightsOnMConfig>(&l.gemm);
+  const bool reads_bins = std::holds_alternative<ResidentConfig>(l.gemm) ||
+                          std::holds_alternative<TokensOnMConfig>(l.gemm) || (wm && wm->rows == WmRows::bins);
+  c.expert_bins = bins_possible && reads_bins;
+  if (wm && wm->rows == WmRows::bins && !c.expert_bins)
+    return fail("reads expert bins: routes from router logits, the fast combine and Options::expert_bins");
+  if (std::holds_alternative<ResidentConfig>(l.gemm) && o.deterministic)
+    return fail("combines by bulk reductions only (fast combine)");
+  // Routes from logits have distinct ids per token, which the fused kernel's token masks need.
+  c.dispatch_with_quant = from_logits && c.sorted_rows && !c.fused_route_dispatch && dispatch_quant_fits(T, k, E);
+  c.token_masks = c.dispatch_with_quant && tokens * s.topk >= kTokenMasksMinRoutes;
+  c.dispatch_small = o.fuse_small_batch && dispatch_small_fits(T, k, E);
+  if (wm) {
+    // The fused small kernel lists the experts with rows (a hit list); for a few routes routed by
+    // one CTA it also publishes their ids as ranked, and the gathering GEMM's compact walk starts
+    // its weight loads on them before its PDL wait.
+    const bool early_possible = c.fused_route_dispatch && tokens * s.topk <= kEarlyIdWords &&
+                                route_dispatch_small_ctas(T) == 1 && !wm->dense;
+    if (wm->rows == WmRows::gather && early_possible && !override_config) wm->rows = WmRows::early;
+    if (wm->rows == WmRows::early && !early_possible)
+      return fail("starts on early expert ids: softmax routes from logits, at most " + std::to_string(kEarlyIdWords) +
+                  " routes on one routing CTA, a compact walk");
+    c.early_ids = wm->rows == WmRows::early;
+    // The producer's dry walk: under PDL, where the walk's indices are valid before the wait.
+    wm->warm_up = wm->warm_up && o.pdl && (wm->dense || c.fused_route_dispatch || wm->rows == WmRows::bins);
+    if (wm->rows != WmRows::sorted && tokens > kGatherMaxTokens && wm->rows != WmRows::bins)
+      return fail("gathers by token: batches of at most " + std::to_string(kGatherMaxTokens) +
+                  " tokens (or from expert bins)");
+  }
+  return l;
+}
+
+bool same(const Launches& a, const Launches& b) {
+  return a.chain == b.chain && key(a.gemm) == key(b.gemm) && a.combine_rows == b.combine_rows && a.error == b.error;
+}
+
+std::vector<PlanBuckets::Bucket> make_buckets(const Shape& s, const Routing& r, const Options& o,
+                                              const DeviceInfo& dev, const std::optional<GemmConfig>& override_config) {
+  auto at = [&](int64_t t) {
+    return std::pair{decide(s, r, o, dev, override_config, t, true), decide(s, r, o, dev, override_config, t, false)};
+  };
+  auto equal = [](const std::pair<Launches, Launches>& a, const std::pair<Launches, Launches>& b) {
+    return same(a.first, b.first) && same(a.second, b.second);
+  };
+  std::vector<PlanBuckets::Bucket> out;
+  int64_t t = 1;
+  while (t <= s.tokens) {
+    const auto here = at(t);
+    int64_t last = t;
+    if (t < kExactBucketTokens) {
+      const int64_t stop = std::min(s.tokens, kExactBucketTokens - 1);
+      while (last < stop && equal(at(last + 1), here)) ++last;
+    } else {
+      int64_t step = 1, beyond = s.tokens + 1;  // the first count known to differ (or past the end)
+      while (last + step <= s.tokens) {
+        if (!equal(at(last + step), here)) {
+          beyond = last + step;
+          break;
+        }
+        last += step;
+        step *= 2;
+      }
+      while (beyond - last > 1) {
+        const int64_t mid = last + (beyond - last) / 2;
+        if (equal(at(mid), here))
+          last = mid;
+        else
+          beyond = mid;
+      }
+    }
+    out.push_back(PlanBuckets::Bucket{t, last, here.first, here.second});
+    t = last + 1;
+  }
+  return out;
+}
+
+// Buffers start on 1 KiB boundaries (TMA needs 16 B; 1 KiB keeps every carve-up simple).
+size_t carve(size_t& cursor, size_t bytes) {
+  const size_t at = cursor;
+  cursor += (bytes + 1023) / 1024 * 1024;
+  return at;
+}
+
+}  // namespace
+
+DeviceSpec current_device() {
+  std::string why;
+  const auto dev = query_device(&why);
+  if (!dev) throw Error("no GPU: " + why);
+  return DeviceSpec{dev->name, dev->major, dev->minor, dev->sm_count, dev->l2_bytes, dev->smem_per_block_optin};
+}
+
+DeviceSpec device_spec(const std::string& name) {
+  // As cudaGetDeviceProperties reports them for the SXM parts.
+  if (name == "h200") return DeviceSpec{"NVIDIA H200 (described)", 9, 0, 132, int64_t(60) << 20, 227 * 1024};
+  if (name == "h100") return DeviceSpec{"NVIDIA H100 80GB HBM3 (described)", 9, 0, 132, int64_t(50) << 20, 227 * 1024};
+  throw Error("unknown device '" + name + "' (known: h200, h100)");
+}
+
+Plan plan(const Shape& s, const Routing& r, const Options& o) { return plan(s, r, o, current_device()); }
+
+Plan plan(const Shape& s, const Routing& r, const Options& o, const DeviceSpec& device) {
+  validate(s);
+  validate(r, s);
+  if (s.mode != Mode::single)
+    throw Error("the GPU path runs mode single only for now; ffn mode has the CPU reference (layer_ref) only");
+  if (s.dtype != DType::fp8)
+    throw Error("the GPU path runs dtype fp8 only for now; bf16 has the CPU reference (layer_ref) only");
+  if (s.experts > kGpuMaxExperts)
+    throw Error("experts = " + std::to_string(s.experts) + " exceeds the GPU limit " + std::to_string(kGpuMaxExperts));
+  if (s.topk > kGpuMaxTopk)
+    throw Error("topk = " + std::to_string(s.topk) + " exceeds the GPU limit " + std::to_string(kGpuMaxTopk));
+  if (device.major != 9) throw Error("loom's kernels are built for sm_90a; device " + device.name + " is not sm_90");
+  if (device.sm_count < 1 || device.l2_bytes < 1) throw Error("device " + device.name + ": no SM count or L2 size");
+  const DeviceInfo dev = device_info(device);
+  std::optional<GemmConfig> override_config;
+  if (!o.gemm_config.empty()) {
+    override_config = parse_gemm_key(o.gemm_config);
+    check_shape(*override_config, s.inter, s.hidden, s.experts, s.tokens);
+  }
+
+  Plan p;
+  p.shape = s;
+  p.routing = r;
+  p.options = o;
+  p.sm_count = device.sm_count;
+  p.l2_bytes = device.l2_bytes;
+  p.device_name = device.name;
+  auto buckets = std::make_shared<PlanBuckets>();
+  buckets->buckets = make_buckets(s, r, o, dev, override_config);
+  // An override the shape or options cannot run at all is an error now, not at the first run.
+  bool runnable = false;
+  for (const auto& b : buckets->buckets) runnable = runnable || b.from_logits.error.empty() || b.from_ids.error.empty();
+  if (!runnable) throw Error(buckets->buckets.front().from_logits.error);
+
+  // What the buckets need of the workspace: activation rows (one per token, or one per route where
+  // the sorted copy is read), expert bins, a work queue.
+  const int64_t T = s.tokens, K = s.hidden, N = s.inter, R = s.routes();
+  int64_t x_rows = padded_rows(T);
+  bool bins = false;
+  for (const auto& b : buckets->buckets)
+    for (const Launches* l : {&b.from_logits, &b.from_ids}) {
+      if (!l->error.empty()) continue;
+      if (l->chain.sorted_rows) x_rows = std::max(x_rows, padded_rows(b.last * s.topk));
+      bins = bins || l->chain.expert_bins;
+    }
+  size_t c = 0;
+  Plan::Layout& L = p.layout;
+  L.topk_ids = carve(c, size_t(R) * 4);
+  L.topk_weights = carve(c, size_t(R) * 4);
+  L.nan_flags = carve(c, size_t(T));
+  L.offsets = carve(c, size_t(s.experts + 1) * 4);
+  L.route_row = carve(c, size_t(R) * 4);
+  L.row_token = carve(c, size_t(R) * 4);
+  L.row_weight = carve(c, size_t(R) * 4);
+  L.x = carve(c, size_t(x_rows) * size_t(K));
+  L.x_scales = carve(c, size_t(scale_floats(quant_blocks(K), x_rows)) * 4);  // either layout
+  L.y = carve(c, o.deterministic ? size_t(R) * size_t(N) * 4 : 0);
+  L.gemm_queue = carve(c, 2 * sizeof(int32_t));  // the GEMM's work queue (scheduler/work_queue.cuh)
+  L.hit_list = carve(c, size_t(s.experts + 1) * 16);  // experts with rows, from the fused small kernel
+  L.early_ids = carve(c, size_t(kEarlyIdWords) * 4);  // ... and the routes' ids as soon as ranked
+  L.token_masks = carve(c, size_t((T + 31) / 32) * size_t(s.experts) * 4);  // routing -> dispatch+quantise
+  L.slice_counts = carve(c, dispatch_slice_count_bytes(T, s.topk, s.experts));  // multi-CTA dispatch
+  // Expert bins: T slots per expert (ids are distinct per token, so no bin overflows).
+  L.bin_stride = bins ? T : 0;
+  L.bin_counts = carve(c, L.bin_stride > 0 ? size_t(s.experts) * kBinCountStride * 4 : 0);
+  L.bin_token = carve(c, size_t(s.experts) * size_t(L.bin_stride) * 4);
+  L.bin_weight = carve(c, size_t(s.experts) * size_t(L.bin_stride) * 4);
+  L.status = carve(c, sizeof(LayerStatus));
+  L.total = c;
+  L.x_rows = x_rows;
+  p.buckets = buckets;
+  const Launches& top = buckets->buckets.back().from_logits;
+  p.gemm_config = top.error.empty() ? key(top.gemm) : "(" + top.error + ")";
+  return p;
+}
+
+size_t workspace_bytes(const Plan& p) { return p.layout.total; }
+
+const PlanBuckets::Bucket& PlanBuckets::find(int64_t tokens) const {
+  auto it = std::upper_bound(buckets.begin(), buckets.end(), tokens,
+                             [](int64_t t, const Bucket& b) { return t < b.first; });
+  return *(it - 1);
+}
+
+const Launches& launches_for(const Plan& p, int64_t tokens, bool from_logits) {
+  if (!p.buckets) throw Error("run: the plan was not made by loom::plan()");
+  if (tokens < 1 || tokens > p.shape.tokens)
+    throw Error("run: tokens = " + std::to_string(tokens) + " outside the plan's [1, " + std::to_string(p.shape.tokens) +
+                "]");
+  const PlanBuckets::Bucket& b = p.buckets->find(tokens);
+  const Launches& l = from_logits ? b.from_logits : b.from_ids;
+  if (!l.error.empty())
+    throw Error("run: " + l.error + (from_logits ? " (routes from router logits)" : " (routes from top-k ids)"));
+  return l;
+}
+
+std::string Chain::dispatch_label() const { return dispatch_with_quant ? "dispatch+quant" : "dispatch"; }
+
+std::string Chain::route_label() const {
+  return std::string(expert_bins ? "clear+route" : "route") + (fused_route_dispatch ? "+dispatch" : "") +
+         (quant_with_route ? "+quant" : "") + (expert_bins ? "+bins" : "");
+}
+
+std::string Launches::summary(bool from_logits) const {
+  if (!error.empty()) return "(cannot run: " + error + ")";
+  std::string s;
+  auto add = [&](const std::string& x) { s += (s.empty() ? "" : " -> ") + x; };
+  if (from_logits) add(chain.route_label());
+  if (!chain.quant_with_route && !chain.sorted_rows) add("quant");
+  if (!chain.fused_route_dispatch && !chain.expert_bins)
+    add(chain.dispatch_with_quant ? "dispatch+quant" : chain.dispatch_small ? "dispatch(1 CTA)" : "count+dispatch");
+  if (chain.sorted_rows && !chain.dispatch_with_quant) add("quant(sorted)");
+  add("gemm " + key(gemm));
+  if (combine_rows) add("combine");
+  return s;
+}
+
+std::string describe(const Plan& p) {
+  std::ostringstream o;
+  o << "shape: " << describe(p.shape) << " (tokens = most per run)\n"
+    << "routing: " << describe(p.routing) << "\n"
+    << "device: " << p.device_name << ", " << p.sm_count << " SMs, L2 " << (p.l2_bytes >> 20) << " MiB\n"
+    << "combine: "
+    << (p.options.deterministic ? "deterministic (row stores + slot-order sum, no float atomics)"
+                                : "fast (reductions into the output from the GEMM epilogue)")
+    << "\n"
+    << "launch: " << (p.options.pdl ? "programmatic dependent launch" : "plain stream order")
+    << (p.options.debug_checks ? ", debug checks after each run" : "") << "\n"
+    << "gemm config: " << (p.options.gemm_config.empty() ? "the chooser's" : "override " + p.options.gemm_config)
+    << "; at " << p.shape.tokens << " tokens from logits: " << p.gemm_config << "\n"
+    << "expert bins: " << (p.layout.bin_stride > 0 ? std::to_string(p.layout.bin_stride) + " slots per expert"
+                                                    : std::string("not used by this plan")) << "\n"
+    << "workspace: " << p.layout.total << " bytes\n"
+    << "launches by token count (from router logits | from top-k ids):\n";
+  for (const auto& b : p.buckets->buckets) {
+    o << "  T=" << b.first;
+    if (b.last > b.first) o << ".." << b.last;
+    o << ": " << b.from_logits.summary(true) << " | " << b.from_ids.summary(false) << "\n";
+  }
+  o << "gemm configs:\n";
+  std::vector<std::string> seen;
+  for (const auto& b : p.buckets->buckets)
+    for (const Launches* l : {&b.from_logits, &b.from_ids}) {
+      if (!l->error.empty()) continue;
+      const std::string k = key(l->gemm);
+      if (std::find(seen.begin(), seen.end(), k) != seen.end()) continue;
+      seen.push_back(k);
+      o << "  " << k << ": " << describe(l->gemm) << "\n";
+    }
+  return o.str();
+}
+
+}  // namespace loom

@@ -1,0 +1,154 @@
+// Plans made for a described device, without a GPU: what every batch size would launch (the
+// buckets), that they cover every batch, hold together with the workspace, and that an override
+// config is taken where it can run and rejected with the reason where it cannot.
+#include <gtest/gtest.h>
+
+#include <string>
+#include <variant>
+
+#include "gemm/select/config.hpp"
+#include "loom/loom.hpp"
+#include "pipeline/moe_pipeline.hpp"
+#include "pipeline/plan_buckets.hpp"
+#include "workload/workload.hpp"
+
+namespace loom {
+namespace {
+
+Shape preset_shape(int64_t tokens) {
+  Shape s = find_preset("qwen35-single").shape;
+  s.tokens = tokens;
+  return s;
+}
+
+// Every batch 1..T falls in exactly one bucket, in order, and every bucket's launches hold
+// together: a config that parses back from its key, an activation layout the workspace holds.
+void check_plan(const Plan& p) {
+  ASSERT_TRUE(p.buckets);
+  const auto& buckets = p.buckets->buckets;
+  ASSERT_FALSE(buckets.empty());
+  EXPECT_EQ(buckets.front().first, 1);
+  EXPECT_EQ(buckets.back().last, p.shape.tokens);
+  for (size_t i = 0; i < buckets.size(); ++i) {
+    const auto& b = buckets[i];
+    EXPECT_LE(b.first, b.last);
+    if (i > 0) {
+      EXPECT_EQ(b.first, buckets[i - 1].last + 1);
+    }
+    for (const bool logits : {true, false}) {
+      const Launches& l = logits ? b.from_logits : b.from_ids;
+      if (!l.error.empty()) continue;
+      SCOPED_TRACE(testing::Message() << "T=" << b.first << ".." << b.last << (logits ? " logits " : " ids ")
+                                      << l.summary(logits));
+      EXPECT_EQ(key(parse_gemm_key(key(l.gemm))), key(l.gemm));
+      EXPECT_EQ(combine_stores_rows(l.gemm), p.options.deterministic);
+      EXPECT_EQ(l.chain.sorted_rows, x_source(l.gemm) == XSource::sorted_rows);
+      if (l.chain.sorted_rows) {
+        EXPECT_GE(p.layout.x_rows, padded_rows(b.last * p.shape.topk));
+      }
+      EXPECT_GE(p.layout.x_rows, padded_rows(b.last));
+      if (l.chain.expert_bins) {
+        EXPECT_GE(p.layout.bin_stride, b.last);
+      }
+      EXPECT_TRUE(logits || !l.chain.expert_bins);  // bins are filled by the routing kernel
+      // The lookup finds this bucket at both ends.
+      EXPECT_EQ(&launches_for(p, b.first, logits), &l);
+      EXPECT_EQ(&launches_for(p, b.last, logits), &l);
+    }
+  }
+}
+
+TEST(Plan, DescribedDevicesPlanEveryBatchWithoutAGpu) {
+  for (const char* device : {"h200", "h100"}) {
+    const DeviceSpec d = device_spec(device);
+    EXPECT_EQ(d.sm_count, 132);
+    for (const int64_t tokens : {int64_t(1), int64_t(128), int64_t(8192), int64_t(65536)}) {
+      SCOPED_TRACE(testing::Message() << device << " T=" << tokens);
+      const Plan p = plan(preset_shape(tokens), find_preset("qwen35-single").routing, Options{}, d);
+      check_plan(p);
+      // Default options: every batch runs from logits and from ids.
+      for (const auto& b : p.buckets->buckets) {
+        EXPECT_EQ(b.from_logits.error, "");
+        EXPECT_EQ(b.from_ids.error, "");
+      }
+      EXPECT_NE(describe(p).find("launches by token count"), std::string::npos);
+    }
+  }
+  EXPECT_THROW(device_spec("a100"), Error);
+}
+
+TEST(Plan, BucketsFollowTheChooserAcrossOptions) {
+  const Routing r = find_preset("qwen35-single").routing;
+  const DeviceSpec d = device_spec("h200");
+  for (const bool deterministic : {false, true})
+    for (const bool bins : {false, true})
+      for (const bool fuse : {false, true})
+        for (const bool pdl : {false, true}) {
+          Options o;
+          o.deterministic = deterministic;
+          o.expert_bins = bins;
+          o.fuse_small_batch = fuse;
+          o.pdl = pdl;
+          SCOPED_TRACE(testing::Message() << "det " << deterministic << " bins " << bins << " fuse " << fuse << " pdl "
+                                          << pdl);
+          const Plan p = plan(preset_shape(8192), r, o, d);
+          check_plan(p);
+          bool any_bins = false, any_early = false, any_warm = false;
+          for (const auto& b : p.buckets->buckets) {
+            any_bins = any_bins || b.from_logits.chain.expert_bins;
+            any_early = any_early || b.from_logits.chain.early_ids;
+            if (const auto* w = std::get_if<WeightsOnMConfig>(&b.from_logits.gemm)) any_warm = any_warm || w->warm_up;
+          }
+          EXPECT_EQ(any_bins, bins && !deterministic);
+          EXPECT_EQ(p.layout.bin_stride > 0, any_bins);
+          EXPECT_EQ(any_early, fuse);  // a few routes on one routing CTA
+          EXPECT_TRUE(!any_warm || pdl);                 // the warm-up only under PDL
+        }
+  // Small batches from logits: the fused routing kernel, and the early-ids GEMM at T=1.
+  const Plan p = plan(preset_shape(64), r, Options{}, d);
+  const Launches& one = launches_for(p, 1, true);
+  EXPECT_TRUE(one.chain.fused_route_dispatch);
+  EXPECT_EQ(key(one.gemm).rfind("wM.early.", 0), 0u) << key(one.gemm);
+  EXPECT_EQ(key(launches_for(p, 1, false).gemm).rfind("wM.gather.", 0), 0u);
+  EXPECT_THROW(launches_for(p, 65, true), Error);
+  EXPECT_THROW(launches_for(p, 0, true), Error);
+}
+
+TEST(Plan, OverrideConfigRunsEveryBatchItCanAndSaysWhyNot) {
+  const Routing r = find_preset("qwen35-single").routing;
+  const DeviceSpec d = device_spec("h200");
+  Options o;
+  o.gemm_config = "tM.tall.s4.bulk.dyn";
+  Plan p = plan(preset_shape(4096), r, o, d);
+  check_plan(p);
+  for (const auto& b : p.buckets->buckets)
+    for (const Launches* l : {&b.from_logits, &b.from_ids}) {
+      EXPECT_EQ(l->error, "");
+      EXPECT_EQ(key(l->gemm), o.gemm_config);
+    }
+  EXPECT_EQ(p.gemm_config, o.gemm_config);
+  // Expert bins come from the routing kernel: runs from top-k ids cannot take the chunk walk.
+  o.gemm_config = "wM.bins.s8.red.compact";
+  p = plan(preset_shape(512), r, o, d);
+  EXPECT_NO_THROW(launches_for(p, 100, true));
+  try {
+    (void)launches_for(p, 100, false);
+    ADD_FAILURE() << "ran the bins walk from top-k ids";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("expert bins"), std::string::npos) << e.what();
+  }
+  // A combine the options do not ask for, a shape the kernel cannot take, a key that is not one.
+  o.gemm_config = "tM.tall.s4.bulk.dyn";
+  o.deterministic = true;
+  EXPECT_THROW(plan(preset_shape(512), r, o, d), Error);
+  o.deterministic = false;
+  Shape odd = preset_shape(512);
+  odd.hidden = 1152;
+  o.gemm_config = "tM.wide.s4.bulk.dyn";
+  EXPECT_THROW(plan(odd, r, o, d), Error);
+  o.gemm_config = "wM.fast";
+  EXPECT_THROW(plan(preset_shape(512), r, o, d), Error);
+}
+
+}  // namespace
+}  // namespace loom
