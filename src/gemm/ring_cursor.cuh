@@ -10,18 +10,10 @@ namespace loom {
 
 // A consumer warp's release of a ring slot once every lane's own reads of it are done. Every lane
 // arrives (the barrier counts threads, kReleaseArrivalsPerWarp a warp), so each read is ordered
-// before the refill by its own thread's arrival: a single lane's arrival after __syncwarp orders
-// them as well, but the race checker cannot see that it does.
-#ifndef LOOM_RELEASE_BY_LANE0  // (an A/B switch of the arrival form, while it is measured)
+// before the refill by its own thread's arrival. (A single lane's arrival after __syncwarp orders
+// them as well and ran no faster, but the race checker cannot see that it does.)
 inline constexpr uint32_t kReleaseArrivalsPerWarp = 32;
 __device__ __forceinline__ void release_slot(uint64_t* bar) { ptx::mbar_arrive(bar); }
-#else
-inline constexpr uint32_t kReleaseArrivalsPerWarp = 1;
-__device__ __forceinline__ void release_slot(uint64_t* bar) {
-  __syncwarp();
-  if (threadIdx.x % 32 == 0) ptx::mbar_arrive(bar);
-}
-#endif
 
 template <int kSlots>
 struct PipelineState {

@@ -399,9 +399,11 @@ TEST(PipelineGpu, EarlyExpertIdsRunAfterRun) {
     ASSERT_LE(sm.tokens * sm.topk, kEarlyIdWords);
     Harness hs({sm.tokens, 512, 256, sm.experts, sm.topk, "random"}, seed);
     ASSERT_TRUE(chain_for(hs.plan, sm.tokens, true).fused_route_dispatch);
-    // The plan's config is this batch's: the early ids serve a compact gathering walk.
-    ASSERT_NE(hs.plan.gemm_config.find("compact unit walk"), std::string::npos) << hs.plan.gemm_config;
-    ASSERT_NE(hs.plan.gemm_config.find("gathered by token"), std::string::npos) << hs.plan.gemm_config;
+    // This batch's GEMM is the compact gathering walk that starts on the early ids (its config key:
+    // wM.early.<stages>.<epilogue>.compact...).
+    const std::string gemm = key(launches_for(hs.plan, sm.tokens, true).gemm);
+    ASSERT_EQ(gemm.rfind("wM.early.", 0), 0u) << gemm;
+    ASSERT_NE(gemm.find(".compact"), std::string::npos) << gemm;
     constexpr int kRuns = 12;
     std::vector<Routes> routes;
     std::vector<DeviceBuffer> logits, outs;
