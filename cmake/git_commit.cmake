@@ -1,6 +1,7 @@
-# Writes OUT (a .cpp defining loom::build_commit()) from `git describe`, touching it only when the
-# commit changes, so a rebuild after a commit records the new one without recompiling everything.
-execute_process(COMMAND git describe --always --dirty --abbrev=12
+# Writes OUT (a .cpp defining loom::build_commit()) from `git describe` (the commit hash, -dirty with
+# uncommitted changes; tags ignored), touching it only when the commit changes, so a rebuild after a
+# commit records the new one without recompiling everything.
+execute_process(COMMAND git describe --always --dirty --abbrev=12 --exclude=*
                 WORKING_DIRECTORY ${SRC}
                 OUTPUT_VARIABLE commit OUTPUT_STRIP_TRAILING_WHITESPACE ERROR_QUIET)
 if(NOT commit)

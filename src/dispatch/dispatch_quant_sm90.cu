@@ -3,7 +3,7 @@
 #include <algorithm>
 #include <string>
 
-#include "common/chain_trace.cuh"
+#include "diag/chain_trace.cuh"
 #include "common/cuda_check.hpp"
 #include "common/launch.hpp"
 #include "ptx/pdl.cuh"

@@ -46,7 +46,7 @@
 #include <limits>
 #include <string>
 
-#include "common/chain_trace.cuh"
+#include "diag/chain_trace.cuh"
 #include "common/cuda_check.hpp"
 #include "common/launch.hpp"
 #include "loom/types.hpp"

@@ -5,7 +5,7 @@
 
 #include <string>
 
-#include "common/chain_trace.cuh"
+#include "diag/chain_trace.cuh"
 #include "common/cuda_check.hpp"
 #include "common/launch.hpp"
 #include "ptx/pdl.cuh"

@@ -4,7 +4,7 @@
 #include <cstdint>
 #include <string>
 
-#include "common/chain_trace.cuh"
+#include "diag/chain_trace.cuh"
 #include "common/cuda_check.hpp"
 #include "common/launch.hpp"
 #include "loom/types.hpp"

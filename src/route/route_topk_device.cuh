@@ -7,7 +7,7 @@
 #include <cmath>
 #include <cstdint>
 
-#include "common/chain_trace.cuh"
+#include "diag/chain_trace.cuh"
 #include "contract/device_layout.hpp"
 #include "ptx/prefetch.cuh"
 #include "route/route_topk_sm90.cuh"

@@ -30,7 +30,7 @@
 
 #include <string>
 
-#include "common/chain_trace.cuh"
+#include "diag/chain_trace.cuh"
 #include "common/launch.hpp"
 #include "ptx/pdl.cuh"
 #include "route/route_topk_device.cuh"

@@ -13,7 +13,7 @@
 #include "bench/sol_gemm.hpp"
 #include "bench/sol_read.hpp"
 #include "common/build_info.hpp"
-#include "common/chain_trace.cuh"
+#include "diag/chain_trace.cuh"
 #include "common/device_info.hpp"
 #include "pipeline/layer_ref.hpp"
 #include "pipeline/moe_pipeline.hpp"

@@ -10,7 +10,7 @@
 #include "bench/bench.hpp"
 #include "bench/peaks.hpp"
 #include "common/build_info.hpp"
-#include "common/chain_trace.cuh"
+#include "diag/chain_trace.cuh"
 #include "common/device_info.hpp"
 #include "loom/loom.hpp"
 #include "workload/workload.hpp"

@@ -6,7 +6,7 @@
 
 #include <cstdint>
 
-#include "common/chain_trace.cuh"
+#include "diag/chain_trace.cuh"
 #include "gemm/epilogue/stage_columns.cuh"
 #include "gemm/mainloop/fp8_weights_on_m.cuh"
 #include "ptx/barrier.cuh"

@@ -15,7 +15,7 @@
 #include <cstdint>
 #include <type_traits>
 
-#include "common/chain_trace.cuh"
+#include "diag/chain_trace.cuh"
 #include "gemm/epilogue/combine_staged.cuh"
 #include "gemm/kernel/grouped_gemm_sm90.cuh"
 #include "gemm/mainloop/fp8_tokens_on_m.cuh"

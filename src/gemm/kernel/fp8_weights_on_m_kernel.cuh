@@ -17,7 +17,7 @@
 #include <cstdint>
 #include <type_traits>
 
-#include "common/chain_trace.cuh"
+#include "diag/chain_trace.cuh"
 #include "gemm/fast_divisor.hpp"
 #include "gemm/kernel/grouped_gemm_sm90.cuh"
 #include "gemm/mainloop/fp8_weights_on_m.cuh"

@@ -29,7 +29,7 @@
 #include <cstddef>
 #include <cstdint>
 
-#include "common/chain_trace.cuh"
+#include "diag/chain_trace.cuh"
 #include "common/launch.hpp"
 #include "ptx/mbarrier.cuh"
 #include "ptx/pdl.cuh"

@@ -13,7 +13,7 @@
 
 #include <cstdint>
 
-#include "common/chain_trace.cuh"
+#include "diag/chain_trace.cuh"
 #include "gemm/gemm_fp8.hpp"
 #include "gemm/kernel/grouped_gemm_sm90.cuh"
 #include "gemm/ring_cursor.cuh"

@@ -16,7 +16,7 @@
 
 #include <cstdint>
 
-#include "common/chain_trace.cuh"
+#include "diag/chain_trace.cuh"
 #include "gemm/kernel/grouped_gemm_sm90.cuh"
 #include "gemm/promote_rows.cuh"
 #include "gemm/ring_cursor.cuh"

@@ -1,4 +1,4 @@
-#include "common/chain_trace.cuh"
+#include "diag/chain_trace.cuh"
 
 #include <cuda_runtime.h>
 
