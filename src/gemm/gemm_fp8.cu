@@ -20,7 +20,7 @@ constexpr int kBlockK = kFp8BlockK, kBlockM = kFp8BlockRows;
 constexpr int kWidthCount = gemm::kWidthCount, kScaleAlign = gemm::kScaleAlign;
 
 // What every config asks of its parameters: the combine it writes, the scale layout it reads, its
-// work queue.
+// work queue; and what every kernel asks: experts within the tables, the pointers, the bins' stride.
 void check_config_against_params(const GemmFp8Params& p, const GemmConfig& cfg, const std::string& who) {
   if (combine_stores_rows(cfg) != (p.combine == CombineMode::store))
     throw Error(who + key(cfg) + (combine_stores_rows(cfg) ? " stores route rows" : " reduces into the output") +
@@ -31,11 +31,15 @@ void check_config_against_params(const GemmFp8Params& p, const GemmConfig& cfg, 
                 (scale_layout(cfg) == ScaleLayout::row_quads ? "in row quads" : "group-major") +
                 "; GemmFp8Params::x_scale_layout says otherwise");
   if (uses_work_queue(cfg) && !p.work_queue) throw Error(who + key(cfg) + " takes units from a work queue: none given");
+  if (p.experts <= 0 || p.experts > kGpuMaxExperts)
+    throw Error(who + "experts must be in [1, " + std::to_string(kGpuMaxExperts) + "]");
+  if (!p.weights || !p.weight_scales || !p.x || !p.x_scales || !(p.offsets || p.expert_counts) || !p.row_token ||
+      !p.row_weight || !p.out)
+    throw Error(who + "null device pointer");
+  if (p.expert_counts && (p.expert_stride <= 0 || int64_t(p.experts) * p.expert_stride >= (int64_t(1) << 31)))
+    throw Error(who + "expert bins need a positive stride with experts * stride below 2^31, got stride " +
+                std::to_string(p.expert_stride));
 }
-
-}  // namespace
-
-namespace {
 
 // The tokens-on-M kernels (tall and wide tiles): their checks, tensor map and arguments.
 void launch_gemm_fp8_tokens_on_m(const GemmFp8Params& p, const TokensOnMConfig& cfg, const DeviceInfo& device,
@@ -59,16 +63,9 @@ void launch_gemm_fp8_resident(const GemmFp8Params& p, const ResidentConfig& cfg,
                       "(K <= " + std::to_string(int64_t(rs::kSmemLimit - rs::kSmemFixed) / (16 * (rs::kBlockK + 4)) * rs::kBlockK) +
                 ", N/128 x K/128 <= " + std::to_string(rs::kMaxUnitScales) + "), got N=" + std::to_string(p.n) +
                 ", K=" + std::to_string(p.k));
-  if (p.experts <= 0 || p.experts > kGpuMaxExperts)
-    throw Error(who + "experts must be in [1, " + std::to_string(kGpuMaxExperts) + "]");
   check_config_against_params(p, GemmConfig(cfg), who);
   if (int64_t(p.experts) * p.n >= (int64_t(1) << 31) || p.x_rows <= 0 || p.x_rows * p.k >= (int64_t(1) << 31))
     throw Error(who + "sizes exceed the kernel's 32-bit coordinates");
-  if (!p.weights || !p.weight_scales || !p.x || !p.x_scales || !(p.offsets || p.expert_counts) || !p.row_token ||
-      !p.row_weight || !p.out)
-    throw Error(who + "null device pointer");
-  if (p.expert_counts && (p.expert_stride <= 0 || int64_t(p.experts) * p.expert_stride >= (int64_t(1) << 31)))
-    throw Error(who + "expert bins need a positive stride with experts * stride below 2^31");
   if (reinterpret_cast<uintptr_t>(p.x) % 16 || reinterpret_cast<uintptr_t>(p.x_scales) % 4)
     throw Error(who + "the activation rows must be 16-byte aligned");
   const int kblocks = p.k / rs::kBlockK;
@@ -93,8 +90,6 @@ TokensOnMLaunch make_tokens_on_m_launch(const GemmFp8Params& p, const TokensOnMC
   if (p.n <= 0 || p.k <= 0 || p.n % 16 || p.k % tm::kBlockK || p.k > tm::kMaxK)
     throw Error(who + "N must be a positive multiple of 16 and K a multiple of 128 up to " + std::to_string(tm::kMaxK) +
                 " (got N=" + std::to_string(p.n) + ", K=" + std::to_string(p.k) + ")");
-  if (p.experts <= 0 || p.experts > kGpuMaxExperts)
-    throw Error(who + "experts must be in [1, " + std::to_string(kGpuMaxExperts) + "]");
   if (p.k < tm::kRing * tm::kBlockK)
     throw Error(who + "K must be at least " + std::to_string(tm::kRing * tm::kBlockK) + " (the activation ring), got " +
                 std::to_string(p.k));
@@ -103,14 +98,8 @@ TokensOnMLaunch make_tokens_on_m_launch(const GemmFp8Params& p, const TokensOnMC
                 "rotate), got " + std::to_string(p.k));
   if (int64_t(p.experts) * p.n >= (int64_t(1) << 31) || p.x_rows <= 0 || p.x_rows * p.k >= (int64_t(1) << 31))
     throw Error(who + "sizes exceed the kernel's 32-bit coordinates");
-  if (!p.weights || !p.weight_scales || !p.x || !p.x_scales || !(p.offsets || p.expert_counts) || !p.row_token ||
-      !p.row_weight || !p.out)
-    throw Error(who + "null device pointer");
   if (p.expert_counts && p.combine != CombineMode::atomic)
     throw Error(who + "expert bins hold no sorted row index for the store epilogue: atomic combine only");
-  if (p.expert_counts && (p.expert_stride <= 0 || int64_t(p.experts) * p.expert_stride >= (int64_t(1) << 31)))
-    throw Error(who + "expert bins need a positive stride with experts * stride below 2^31, got stride " +
-                std::to_string(p.expert_stride));
   if (reinterpret_cast<uintptr_t>(p.x) % 16 || reinterpret_cast<uintptr_t>(p.x_scales) % 4)
     throw Error(who + "the activation rows must be 16-byte aligned");
   check_config_against_params(p, GemmConfig(cfg), who);
@@ -149,11 +138,6 @@ void launch_gemm_fp8_weights_on_m(const GemmFp8Params& p, const WeightsOnMConfig
                 ", K=" + std::to_string(p.k) + ")");
   if (int64_t(p.experts) * p.n >= (int64_t(1) << 31) || p.x_rows <= 0 || p.x_rows >= (int64_t(1) << 31))
     throw Error(who + "sizes exceed the kernel's 32-bit coordinates");
-  if (p.experts <= 0 || p.experts > kGpuMaxExperts)
-    throw Error(who + "experts must be in [1, " + std::to_string(kGpuMaxExperts) + "]");
-  if (!p.weights || !p.weight_scales || !p.x || !p.x_scales || !(p.offsets || p.expert_counts) || !p.row_token ||
-      !p.row_weight || !p.out)
-    throw Error(who + "null device pointer");
   if (reinterpret_cast<uintptr_t>(p.x) % 16 || reinterpret_cast<uintptr_t>(p.x_scales) % 16)
     throw Error(who + "the activation rows and scales must be 16-byte aligned");
   const bool sorted = cfg.rows == WmRows::sorted, bins = cfg.rows == WmRows::bins, early = cfg.rows == WmRows::early;
