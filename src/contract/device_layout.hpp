@@ -59,7 +59,7 @@ enum class XSource { gather_by_token, sorted_rows, token_fragments };
 //  row_quads:   [ceil(G/4), rows, 4], a row's groups 4q..4q+3 side by side (sorted rows only): a
 //               route's four groups of one quad, which one warp quantises, go out as one 16-byte
 //               store instead of four scattered 4-byte ones; the GEMM loads a 4-group box and
-//               picks its group (docs/perf/journal/sessions-01-40.md, tenth session).
+//               picks its group (journal, tenth session).
 enum class ScaleLayout { group_major, row_quads };
 inline constexpr int64_t scale_index(ScaleLayout layout, int64_t group, int64_t row, int64_t rows) {
   return layout == ScaleLayout::group_major ? group * rows + row : (group / 4 * rows + row) * 4 + group % 4;

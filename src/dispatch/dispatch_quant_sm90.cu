@@ -15,8 +15,8 @@ namespace {
 
 // CTA size: 512 threads, or 1024 from kWideMinTokens tokens on. The CTAs are few (at most one per
 // SM: the masks fill shared memory) and the quantisation in them is bound by loads in flight; twice
-// the warps measured T=1024 / 2048 e2e 98.9 / 134.2 vs 104.0 / 137.3 us, but T=128 81.2 vs 78.0
-// (half the CTAs rebuild the layout for the same work).
+// the warps pays from about a thousand tokens on, and costs below (half the CTAs rebuild the layout
+// for the same work).
 constexpr int kNarrowThreads = 512, kWideThreads = 1024;
 constexpr int64_t kWideMinTokens = 1024;
 constexpr int kIdBatch = 8;                   // top-k id (or token mask) loads in flight per thread

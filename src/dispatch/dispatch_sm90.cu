@@ -11,7 +11,7 @@
 //   per expert (and its out-of-range ids) into a row of DispatchParams::slice_counts, with plain
 //   stores (every cell every run: nothing to clear). The dispatch CTAs then read the other slices'
 //   counts from there instead of each counting every route of the batch again (at T=8192, k=8 that
-//   recount was 8-12 us of the kernel's 14-18 on the chain trace).
+//   recount was most of the kernel's time on the chain trace).
 //
 //   Shared memory holds a count table of kRows = 34 rows x `window` experts (row stride odd, so
 //   walking down a column touches distinct banks):

@@ -192,7 +192,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   if (threadIdx.x == 0) LOOM_TRACE(kSmallStart);
   // The quantising CTAs call their code out of line, so that the routing CTAs fall through into
   // theirs: the chain waits on the routing, and their jump over the inlined quantiser missed the
-  // cold instruction cache at every replay (docs/perf/journal/sessions-01-40.md, thirty-third session).
+  // cold instruction cache at every replay (journal, thirty-third session).
   if (int(blockIdx.x) >= route_ctas) {
     quantise_in_token_order(qp, route_ctas);
     return;
@@ -308,10 +308,9 @@ bool route_dispatch_small_fits(int tokens, int topk, int experts, const Routing&
          topk <= int(kGpuMaxTopk);
 }
 
-// One SM routes up to 8 tokens; beyond, 32 tokens on one SM are issue-bound (T=32: the fused
-// kernel alone 10.9 us on one CTA, 8.5 on a cluster of 4), while a cluster costs its barriers and
-// whole-cluster grid (T=1: 15.3 vs 16.2-16.4 us e2e; T=8: 28.8 vs 29.2-29.4). Measured same call,
-// e2e T=16 / 32: one CTA 44.9 / 56.1, two 45.1 / 54.5, four 44.6 / 53.7 us (docs/perf/journal/sessions-01-40.md).
+// One SM routes up to 8 tokens; beyond, 32 tokens on one SM are issue-bound, while a cluster costs
+// its barriers and whole-cluster grid at the smallest batches; four CTAs measured best from 16
+// tokens (journal).
 int route_dispatch_small_ctas(int tokens) { return tokens <= kTokensPerRouteCta ? 1 : kMaxRouteCtas; }
 
 bool dispatch_small_fits(int tokens, int topk, int experts) {

@@ -1,7 +1,7 @@
 // n / d for 32-bit unsigned n by a divisor fixed at launch: one high multiply by m = floor((2^32 - 1)
 // / d), computed on the host, and one correction. A plain 32-bit division is ~20 instructions
 // around a reciprocal; the small batches' GEMM does four in a row between its PDL wait and its first
-// unit (docs/perf/journal/sessions-01-40.md, thirty-third session).
+// unit (journal, thirty-third session).
 //
 // Exact for every n < 2^32 and d >= 1: m d > 2^32 - 1 - d, so n m / 2^32 > n / d - 1, and
 // m d <= 2^32 - 1, so n m / 2^32 < n / d; the high product is floor(n / d) or one less.

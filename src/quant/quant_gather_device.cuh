@@ -251,9 +251,9 @@ __device__ __forceinline__ void quant_gather_body(const QuantGatherParams& p, ui
 // kPasses passes of 4 groups of one token (a token's groups in items_per_token items); the warp
 // issues all of an item's loads before any arithmetic, so a thread keeps 2 * kPasses 16-byte loads
 // in flight (the one-pass loop above keeps 2). The warp walks its items by a (token, item) pair
-// stepped without division (the unit walk divided in 64 bits per lane and pass). With quantize_raw's
-// max tree, the launch issues 6.5 % fewer instructions at T=8192 (17.9 M vs 19.2 M) and runs ~2 %
-// faster (docs/perf/journal/sessions-01-40.md, thirty-eighth session). Same codes, scales and clear as quant_gather_body
+// stepped without division (the unit walk divided in 64 bits per lane and pass): with quantize_raw's
+// max tree, fewer instructions and a faster launch (journal, thirty-eighth session). Same codes,
+// scales and clear as quant_gather_body
 // with route_row = nullptr.
 template <int kPasses>
 __host__ __device__ constexpr uint32_t items_per_token(int hidden_dim) {

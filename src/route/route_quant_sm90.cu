@@ -17,8 +17,7 @@ namespace {
 constexpr int kWarpsPerCta = 4;  // one token per warp
 constexpr int kThreads = kWarpsPerCta * 32;
 // Quantising warps take two passes of 4 (token, group) units at a time, all loads first
-// (quant_token_order_body): T=4096 / 8192 e2e 194.8 / 312.2 us against 199.6 / 321.0 with one pass,
-// 195.9 / 312.7 with four (docs/perf/journal/sessions-01-40.md, thirteenth session).
+// (quant_token_order_body): faster at large T than one pass or four (journal, thirteenth session).
 constexpr int kQuantPasses = 2;
 
 // The token's k routes into their experts' bins (RouteTopkParams::bin_counts): one returning atomic

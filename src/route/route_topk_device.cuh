@@ -21,8 +21,8 @@ constexpr uint32_t kNanKey = 1;
 constexpr uint32_t kNoId = 0xffffffffu;
 
 // Monotone key of a score under the reference ranking (see the file comment). kSelect: selects
-// only, no branch (the softmax path, where it runs for every slot of every token: T=8 / 128 e2e
-// 0.2 / 0.4 us faster); the sigmoid path keeps the branch, which spares registers at V = 16.
+// only, no branch (the softmax path, where it runs for every slot of every token: measured
+// faster); the sigmoid path keeps the branch, which spares registers at V = 16.
 template <bool kSelect>
 __device__ __forceinline__ uint32_t rank_key(float v) {
   if constexpr (!kSelect)
@@ -100,8 +100,8 @@ struct SlotValues {
 
 // The softmax routing's rare paths (a soft-cap, no renormalisation) are calls, not inline blocks.
 // Inline, each put a few KiB of code on the common path, which jumped over it, and at every replay
-// that jump missed the cold instruction cache: ~0.2 us of the small batches' chain for the two
-// (docs/perf/journal/sessions-01-40.md, thirty-third session).
+// that jump missed the cold instruction cache on the small batches' chain (journal, thirty-third
+// session).
 template <int V>
 __device__ __noinline__ SlotValues<V> soft_capped(SlotValues<V> x, float cap) {
 #pragma unroll
@@ -159,9 +159,8 @@ __device__ __forceinline__ uint32_t take_best(uint32_t (&key)[V], const float (&
 // best candidates (key, slot, value) from one scan of its V slots, so a round costs one reduction,
 // one ballot and the winner's two shuffles; only a lane that wins a third time rescans (~1 in 20
 // tokens with random logits, more with many ties), where take_best also rescans V slots. Faster
-// where routing is issue-bound (route + quantise alone T=8192 31.6 vs 38.0 us), slower where it is
-// latency-bound (route alone T=128 5.9 vs 5.1 us, e2e T=1 +0.3-0.8 us; docs/perf/journal/sessions-01-40.md, thirteenth
-// session), so only the large-batch launch uses it.
+// where routing is issue-bound (large batches), slower where it is latency-bound (small ones;
+// journal, thirteenth session), so only the large-batch launch uses it.
 // Ties: a lane's scan goes up its slots with a strict comparison (the lower slot, i.e. the lower
 // id, ranks first), and among lanes tied on the best key the lowest lane, whose ids are lower,
 // wins the ballot.
