@@ -224,7 +224,7 @@ bool dispatch_quant_fits(int64_t tokens, int64_t topk, int64_t experts) {
 
 void launch_dispatch_quant(const DispatchParams& dp, const QuantGatherParams& qp, int grid_ctas, cudaStream_t stream,
                            bool pdl, bool after_wait_only_kernel) {
-  const std::string who = "dispatch_quant: ";
+  static const std::string who = "dispatch_quant: ";
   if (dp.tokens < 0 || dp.topk <= 0 || dp.experts <= 0) throw Error(who + "bad shape");
   if (dp.tokens == 0) return;
   if (!dispatch_quant_fits(dp.tokens, dp.topk, dp.experts))

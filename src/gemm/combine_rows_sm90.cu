@@ -65,7 +65,7 @@ bool aligned16(const void* ptr) { return (reinterpret_cast<uintptr_t>(ptr) & 15u
 }  // namespace
 
 void launch_combine_rows(const CombineRowsParams& p, cudaStream_t stream, bool pdl) {
-  const std::string who = "launch_combine_rows: ";
+  static const std::string who = "launch_combine_rows: ";
   if (p.tokens < 0) throw Error(who + "tokens must be >= 0, got " + std::to_string(p.tokens));
   if (p.tokens == 0) return;
   if (p.topk <= 0) throw Error(who + "topk must be positive, got " + std::to_string(p.topk));

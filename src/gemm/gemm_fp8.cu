@@ -56,7 +56,7 @@ void launch_gemm_fp8_tokens_on_m(const GemmFp8Params& p, const TokensOnMConfig& 
 void launch_gemm_fp8_resident(const GemmFp8Params& p, const ResidentConfig& cfg, const DeviceInfo& device,
                               cudaStream_t stream, bool pdl) {
   namespace rs = gemm::resident;
-  const std::string who = "fp8 GEMM (resident token rows): ";
+  static const std::string who = "fp8 GEMM (resident token rows): ";
   const int capacity = resident_rows_capacity(p.n, p.k);
   if (p.n <= 0 || p.n % 16 || capacity == 0)
     throw Error(who + "N must be a positive multiple of 16 and K a multiple of 128 whose 16 rows fit in shared memory "
@@ -86,7 +86,7 @@ namespace gemm {
 
 TokensOnMLaunch make_tokens_on_m_launch(const GemmFp8Params& p, const TokensOnMConfig& cfg) {
   namespace tm = tokens_on_m;
-  const std::string who = "fp8 GEMM (tokens on M): ";
+  static const std::string who = "fp8 GEMM (tokens on M): ";
   if (p.n <= 0 || p.k <= 0 || p.n % 16 || p.k % tm::kBlockK || p.k > tm::kMaxK)
     throw Error(who + "N must be a positive multiple of 16 and K a multiple of 128 up to " + std::to_string(tm::kMaxK) +
                 " (got N=" + std::to_string(p.n) + ", K=" + std::to_string(p.k) + ")");
@@ -132,7 +132,7 @@ namespace {
 // The weights-on-M kernels (src/gemm/instances/sm90_fp8_wm_*.cu).
 void launch_gemm_fp8_weights_on_m(const GemmFp8Params& p, const WeightsOnMConfig& cfg, const DeviceInfo& device,
                                   cudaStream_t stream, bool pdl) {
-  const std::string who = "fp8 GEMM (weights on M): ";
+  static const std::string who = "fp8 GEMM (weights on M): ";
   if (p.n <= 0 || p.k <= 0 || p.n % 16 || p.k % 16)
     throw Error(who + "N and K must be positive multiples of 16 (got N=" + std::to_string(p.n) +
                 ", K=" + std::to_string(p.k) + ")");

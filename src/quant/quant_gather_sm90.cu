@@ -43,7 +43,7 @@ int64_t quant_gather_threads(const QuantGatherParams& p) {
 }
 
 void check_quant_gather(const QuantGatherParams& p) {
-  const std::string who = "quant_gather: ";
+  static const std::string who = "quant_gather: ";
   if (p.tokens < 0) throw Error(who + "tokens must be >= 0, got " + std::to_string(p.tokens));
   if (p.tokens == 0) return;
   if (p.hidden_dim <= 0 || p.hidden_dim % 16 != 0)
