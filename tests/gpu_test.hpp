@@ -5,6 +5,7 @@
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
+#include <cstdlib>
 #include <string>
 
 #include "common/cuda_check.hpp"
@@ -24,6 +25,23 @@ inline std::string gpu_unavailable_reason() {
   if (cudaGetDeviceProperties(&prop, 0) != cudaSuccess) return "cannot query device 0";
   if (prop.major != 9) return std::string("device 0 (") + prop.name + ") is not sm_90; loom kernels are built for sm_90a";
   return {};
+}
+
+// The compute-sanitizer tool this process runs under, as scripts/sanitize.sh names it in
+// LOOM_SANITIZER ("memcheck", "racecheck", ...); empty in a plain run. Under a tool a kernel runs
+// tens to thousands of times slower: timing bounds are not asserted and the heaviest tests take
+// their smaller case lists (each still reaching every kernel instance and path of the full list).
+inline std::string sanitizer() {
+  const char* tool = std::getenv("LOOM_SANITIZER");
+  return tool ? tool : "";
+}
+
+// Sets `bytes` bytes at `p` to `byte` and waits: cudaMemset runs on the legacy default stream,
+// which a non-blocking stream's work does not wait for (a kernel there could run before the fill
+// lands, or under a slower instrumented run, the fill after the kernel).
+inline void fill(void* p, int byte, size_t bytes) {
+  LOOM_CUDA_CHECK(cudaMemset(p, byte, bytes));
+  LOOM_CUDA_CHECK(cudaDeviceSynchronize());
 }
 
 // A non-blocking stream for tests that check PDL and stream ordering.

@@ -10,6 +10,7 @@
 
 #include "bench/device_buffer.hpp"
 #include "common/cuda_check.hpp"
+#include "gpu_test.hpp"
 #include "dispatch/dispatch_sm90.cuh"
 #include "loom/types.hpp"
 #include "quant/quant_gather_sm90.cuh"
@@ -18,7 +19,7 @@
 namespace loom::test {
 
 inline void poison(std::initializer_list<bench::DeviceBuffer*> buffers, int byte) {
-  for (bench::DeviceBuffer* b : buffers) LOOM_CUDA_CHECK(cudaMemset(b->get(), byte, b->bytes()));
+  for (bench::DeviceBuffer* b : buffers) fill(b->get(), byte, b->bytes());
 }
 
 // The routing outputs of T tokens x k slots (ids, weights, NaN flags), every byte set to `byte`.

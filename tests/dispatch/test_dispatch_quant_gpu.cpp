@@ -48,7 +48,7 @@ Outputs run_once(int grid, bool early, const DeviceBuffer& ids, const DeviceBuff
   QuantGatherParams qp = q.params(hidden.as<uint16_t>(), dp.route_row, T, H, k);
   qp.scale_layout = layout;
   DeviceBuffer words(2 * sizeof(int32_t));
-  LOOM_CUDA_CHECK(cudaMemset(words.get(), 0x7f, words.bytes()));
+  test::fill(words.get(), 0x7f, words.bytes());
   qp.zero_words = words.as<int32_t>();
   qp.zero_word_count = 2;
   test::Stream stream;

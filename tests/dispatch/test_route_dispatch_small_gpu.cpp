@@ -50,7 +50,7 @@ Outputs run(Path path, const std::vector<float>& logits, int T, int E, int k, co
   const RouteTopkParams& rp = b.rp;
   const DispatchParams& dp = b.dp;
   DeviceBuffer hits(size_t(E + 1) * 16);
-  LOOM_CUDA_CHECK(cudaMemset(hits.get(), 0xab, hits.bytes()));
+  test::fill(hits.get(), 0xab, hits.bytes());
   if (path == Path::fused) {
     DispatchParams with_hits = dp;
     with_hits.hit_list = hits.as<int4>();

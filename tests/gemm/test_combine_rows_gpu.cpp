@@ -214,7 +214,7 @@ TEST(CombineRowsGpu, TimingAtDecodeShape) {
     std::vector<int32_t> rr(size_t(T * k));
     for (size_t i = 0; i < rr.size(); ++i) rr[i] = int32_t((i * 37) % rr.size());  // scattered rows
     d_route.upload(rr);
-    LOOM_CUDA_CHECK(cudaMemset(d_y.as<void>(), 0, size_t(T * k) * N * 4));
+    test::fill(d_y.as<void>(), 0, size_t(T * k) * N * 4);
     CombineRowsParams p;
     p.y = d_y.as<float>();
     p.route_row = d_route.as<int32_t>();

@@ -286,7 +286,7 @@ TEST(QuantGatherGpu, TimingAtDecodeShape) {
     std::vector<int32_t> rr(size_t(T * k));
     for (size_t i = 0; i < rr.size(); ++i) rr[i] = int32_t(i);
     d_route.upload(rr);
-    LOOM_CUDA_CHECK(cudaMemset(d_hidden.as<void>(), 0x3c, size_t(T * H) * 2));
+    test::fill(d_hidden.as<void>(), 0x3c, size_t(T * H) * 2);
     QuantGatherParams p;
     p.hidden = d_hidden.as<uint16_t>();
     p.route_row = d_route.as<int32_t>();
