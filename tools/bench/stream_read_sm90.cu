@@ -93,7 +93,7 @@ __global__ void __launch_bounds__(kBulkThreads)
   if (threadIdx.x == 0) {
     for (int s = 0; s < kStages; ++s) {
       ptx::mbar_init(full + s, 1);
-      ptx::mbar_init(empty + s, kBulkConsumerWarps);
+      ptx::mbar_init(empty + s, 32 * kBulkConsumerWarps);
     }
     ptx::fence_mbar_init();
   }
@@ -117,7 +117,7 @@ __global__ void __launch_bounds__(kBulkThreads)
       ptx::bulk_load(ring + stage * kChunkBytes, c.src, c.bytes, full + stage);
     }
   } else if (threadIdx.x >= 32) {
-    const int t = int(threadIdx.x) - 32, lane = t & 31;
+    const int t = int(threadIdx.x) - 32;
     for (uint32_t i = 0; i < mine; ++i) {
       const int stage = int(i % kStages);
       ptx::mbar_wait(full + stage, (i / kStages) & 1u);
@@ -127,8 +127,9 @@ __global__ void __launch_bounds__(kBulkThreads)
         const uint4 v = words[j];
         hash ^= v.x ^ v.y ^ v.z ^ v.w;
       }
-      __syncwarp();
-      if (lane == 0) ptx::mbar_arrive(empty + stage);  // the warp's reads of the stage are done
+      // Every reader arrives after its own reads (not one lane after __syncwarp): the release that
+      // orders them before the next bulk write into the stage is then each thread's own.
+      ptx::mbar_arrive(empty + stage);
     }
   }
   if (a.checksum) {
