@@ -1,18 +1,18 @@
 #!/usr/bin/env bash
 # One-call GPU check, for a machine with an H200 and an existing build (built elsewhere and carried,
 # or by scripts/build.sh): the tests (every GPU suite in its own process), compute-sanitizer's
-# memcheck, synccheck and racecheck over the GPU suites, `loom peaks`, the lab's probes, and the
+# memcheck, synccheck and racecheck over every GPU test, `loom peaks`, the lab's probes, and the
 # benchmark runs that docs/perf/current.md is generated from. Logs and JSON go to
 # $OUT/gpu-check.tar.gz (or ./out), current.md beside it; a short table is printed last.
 #   BUILD_DIR        build folder (default build)
 #   GTEST_FILTER     which tests to run (default all; '-' skips the tests)
-#   SANITIZE         tools to run over the GPU suites (default "memcheck synccheck racecheck"; '' none)
-#   SANITIZE_FILTER  which GPU tests they run (default every GPU test)
-#   SANITIZE_SECONDS each tool's time budget in seconds (default 150; what is left unrun is reported)
+#   SANITIZE         tools to run over every GPU test (default "memcheck synccheck racecheck"; '' none)
+#   SANITIZE_FILTER, SANITIZE_SECONDS, SANITIZE_JOBS: see scripts/sanitize.sh
 #   SKIP_PEAKS       set: skip `loom peaks`
 #   SKIP_SKELETON    set: skip the lab's probes (`loom-lab skeleton`, `gather-probe`, `stream-probe`,
 #                    `warp-probe`; ~10 s; a build with the lab only)
-#   CHECK_BENCH      `loom bench` runs, ';'-separated argument lists (default: docs/perf/current.md's)
+#   CHECK_BENCH      `loom bench` runs, ';'-separated argument lists (default: docs/perf/current.md's;
+#                    '-' none)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 build=${BUILD_DIR:-build}
@@ -60,33 +60,10 @@ if [ "$filter" != "-" ]; then
   grep '^\[  FAILED  \] [A-Za-z].*(' "$out/logs/tests.log" | sort -u | tee -a "$summary"
 fi
 
-# compute-sanitizer over the GPU suites, a suite per process, each tool within its time budget.
-if command -v compute-sanitizer >/dev/null; then
-  for tool in ${SANITIZE-memcheck synccheck racecheck}; do
-    deadline=$(( $(date +%s) + ${SANITIZE_SECONDS:-150} ))
-    : > "$out/logs/$tool.log"
-    clean=0 dirty=0 failed=0 unrun=0
-    for tests in "${test_bins[@]}"; do
-      while read -r selection; do
-        if [ "$(date +%s)" -ge "$deadline" ]; then
-          unrun=$((unrun + 1)); echo "UNRUN (time budget): $selection" >> "$out/logs/$tool.log"; continue
-        fi
-        left=$(( deadline - $(date +%s) ))
-        timeout "$left" compute-sanitizer --tool "$tool" --error-exitcode 9 --print-limit 20 "$tests" \
-          --gtest_filter="$selection" >> "$out/logs/$tool.log" 2>&1
-        rc=$?
-        # 9: the tool found errors; 124: out of time; any other failure is the test's own under the
-        # tool (a timing test runs slower instrumented), with the tool's findings in its summary.
-        if [ $rc -eq 0 ]; then clean=$((clean + 1)); elif [ $rc -eq 124 ]; then unrun=$((unrun + 1));
-          echo "UNRUN (timed out): $selection" >> "$out/logs/$tool.log"; elif [ $rc -eq 9 ]; then
-          dirty=$((dirty + 1)); echo "DIRTY (the tool found errors): $selection" >> "$out/logs/$tool.log"; else
-          failed=$((failed + 1)); echo "TEST FAILED under the tool (rc=$rc; see its summary): $selection" \
-            >> "$out/logs/$tool.log"; fi
-      done < <(gpu_suites "$tests" "${SANITIZE_FILTER:-*}")
-    done
-    note "$tool: suites clean=$clean with-errors=$dirty tests-failed-under-the-tool=$failed unrun=$unrun"
-    grep -E '^(DIRTY|UNRUN|TEST FAILED)' "$out/logs/$tool.log" | tee -a "$summary"
-  done
+# compute-sanitizer over every GPU test (scripts/sanitize.sh: a process per test and tool, several
+# at a time, within SANITIZE_SECONDS).
+if command -v compute-sanitizer >/dev/null && [ -n "${SANITIZE-memcheck synccheck racecheck}" ]; then
+  scripts/sanitize.sh "$out/logs/sanitize" "$out/logs/tests.log" "${test_bins[@]}" | tee -a "$summary"
 fi
 
 if [ -z "${SKIP_PEAKS:-}" ]; then
@@ -103,7 +80,8 @@ fi
 
 # The runs docs/perf/current.md shows: the T sweep; deterministic, PDL-off and eager variants;
 # skewed distributions.
-IFS=';' read -r -a runs <<< "${CHECK_BENCH:---preset qwen35-single --tokens 1,8,32,128,512,2048,8192;--preset qwen35-single --tokens 1,128,2048 --deterministic;--preset qwen35-single --tokens 1,128 --no-pdl --no-check;--preset qwen35-single --tokens 1,128 --eager --no-check;--preset qwen35-single --dist zipf:1.2 --no-check;--preset qwen35-single --dist hot:0.9 --no-check;--preset qwen35-single --dist concentrated --no-check}"
+runs=()
+[ "${CHECK_BENCH:-}" != "-" ] && IFS=';' read -r -a runs <<< "${CHECK_BENCH:---preset qwen35-single --tokens 1,8,32,128,512,2048,8192;--preset qwen35-single --tokens 1,128,2048 --deterministic;--preset qwen35-single --tokens 1,128 --no-pdl --no-check;--preset qwen35-single --tokens 1,128 --eager --no-check;--preset qwen35-single --dist zipf:1.2 --no-check;--preset qwen35-single --dist hot:0.9 --no-check;--preset qwen35-single --dist concentrated --no-check}"
 : > "$out/logs/bench-manifest.tsv"
 i=0
 for run in "${runs[@]}"; do
@@ -113,8 +91,10 @@ for run in "${runs[@]}"; do
   note "bench$i ($run): rc=$?"
   printf 'bench%s.json\t%s\n' "$i" "$run" >> "$out/logs/bench-manifest.tsv"
 done
-python3 scripts/perf_current.py "$out/logs/bench-manifest.tsv" > "$out/current.md" 2> "$out/logs/current.err"
-note "current.md: rc=$?"
+if [ "$i" -gt 0 ]; then
+  python3 scripts/perf_current.py "$out/logs/bench-manifest.tsv" > "$out/current.md" 2> "$out/logs/current.err"
+  note "current.md: rc=$?"
+fi
 
 tar -C "$out" -czf "$out/gpu-check.tar.gz" logs
 cp "$out/logs/summary.txt" "$out/summary.txt"

@@ -49,6 +49,7 @@ TEST(ProbesGpu, SkeletonReportsEveryLoopWithinThePipesRate) {
   const std::string table = run_skeleton(opt, log);
   const auto rows = table_numbers(table, 3);  // cycles per K block, pipe busy %, us
   ASSERT_EQ(rows.size(), 17u) << table;
+  if (!test::sanitizer().empty()) return;  // rates mean nothing instrumented
   for (const auto& r : rows) {
     // At most the pipe's rate (the N/2-cycle MMA estimate leaves a little above 100 %), and every
     // loop does its MMAs: no variant is free (the narrowest, n48 on both warpgroups, takes 192
@@ -68,6 +69,7 @@ TEST(ProbesGpu, GatherProbeMovesItsBytesAtAPlausibleRate) {
   const std::string table = run_gather_probe(opt, log);
   const auto rows = table_numbers(table, 2);  // us, TB/s
   ASSERT_EQ(rows.size(), 10u) << table;
+  if (!test::sanitizer().empty()) return;  // rates mean nothing instrumented
   for (size_t i = 0; i < rows.size(); ++i) {
     const auto& r = rows[i];
     EXPECT_GT(r[0], 0.0) << table;
@@ -86,6 +88,7 @@ TEST(ProbesGpu, StreamProbeReadsFromHbmAtAPlausibleRate) {
   const std::string table = run_stream_probe(opt, log);
   const auto rows = table_numbers(table, 3);  // KiB, us, TB/s
   ASSERT_EQ(rows.size(), 24u) << table;
+  if (!test::sanitizer().empty()) return;  // rates mean nothing instrumented
   for (const auto& r : rows) {
     // Every launch reads its 256 MiB from HBM (the other copy was read in between): below the
     // H200's 4.8 TB/s, and not a kernel that stalled or skipped its bytes.
@@ -103,6 +106,7 @@ TEST(ProbesGpu, WarpProbeTimesEveryStepAsADependentChain) {
   const std::string table = run_warp_probe(opt, log);
   const auto rows = table_numbers(table, 2);  // cycles: pass 1, passes 2-8
   ASSERT_EQ(rows.size(), 8u) << table;
+  if (!test::sanitizer().empty()) return;  // cycle counts mean nothing instrumented
   for (const auto& r : rows) {
     // A dependent step takes at least an ALU latency (~4 cycles) and none takes microseconds.
     EXPECT_GT(r[1], 3.0) << table;

@@ -6,6 +6,7 @@
 
 #include <cmath>
 #include <iostream>
+#include <vector>
 
 #include "bench/device_buffer.hpp"
 #include "common/device_info.hpp"
@@ -328,26 +329,45 @@ void run_case(const GemmCase& c, CombineMode mode, uint64_t seed) {
   }
 }
 
+// Each test's cases: the full list in a plain run; under compute-sanitizer (a kernel there runs
+// hundreds of times slower) the same paths on smaller K, N and expert counts (`instrumented`).
+struct ModeCase {
+  GemmCase shape;
+  CombineMode mode;
+};
+void run_cases(const std::vector<ModeCase>& full, const std::vector<ModeCase>& instrumented, uint64_t seed) {
+  for (const ModeCase& c : test::sanitizer().empty() ? full : instrumented) run_case(c.shape, c.mode, seed);
+}
+constexpr CombineMode kAtomic = CombineMode::atomic, kStore = CombineMode::store;
+
 TEST(GemmFp8Gpu, SeedShapeBothEpilogues) {
   LOOM_REQUIRE_GPU();
   LOOM_FRESH_SEED();
-  for (CombineMode m : {CombineMode::atomic, CombineMode::store}) run_case({128, 2048, 512, 256, 8, "random"}, m, seed);
+  run_cases({{{128, 2048, 512, 256, 8, "random"}, kAtomic}, {{128, 2048, 512, 256, 8, "random"}, kStore}},
+            {{{64, 512, 256, 16, 8, "random"}, kAtomic}, {{64, 512, 256, 16, 8, "random"}, kStore}}, seed);
 }
 
 TEST(GemmFp8Gpu, ChunkWidthsFromOneToManyRowsPerExpert) {
   LOOM_REQUIRE_GPU();
   LOOM_FRESH_SEED();
-  // 1..16 rows (width 16), 17..32, 33..64, > 128 (two chunks) and hot / concentrated skew.
-  run_case({1, 2048, 512, 8, 1, "balanced"}, CombineMode::atomic, seed);
-  run_case({40, 2048, 512, 8, 4, "balanced"}, CombineMode::atomic, seed);      // 20 rows each
-  run_case({100, 2048, 512, 16, 8, "balanced"}, CombineMode::atomic, seed);    // 50 rows each
-  run_case({150, 2048, 512, 16, 8, "balanced"}, CombineMode::store, seed);     // 75 rows: one 128-wide chunk
-  run_case({300, 1024, 256, 8, 2, "concentrated"}, CombineMode::atomic, seed); // 300 rows: 128+128+44
-  run_case({128, 2048, 512, 256, 8, "hot:0.9"}, CombineMode::store, seed);
-  run_case({128, 2048, 512, 256, 8, "zipf:1.2"}, CombineMode::atomic, seed);
-  // 512 experts: the chunk walk's 16 groups of 32 over 12 warps (warps 0-3 take two), and hot
-  // experts with several chunks each.
-  run_case({200, 512, 256, 512, 8, "hot:0.9"}, CombineMode::atomic, seed);
+  // 1..16 rows (width 16), 17..32, 33..64, > 128 (two chunks) and hot / concentrated skew; 512
+  // experts: the chunk walk's 16 groups of 32 over 12 warps (warps 0-3 take two), and hot experts
+  // with several chunks each.
+  run_cases({{{1, 2048, 512, 8, 1, "balanced"}, kAtomic},
+             {{40, 2048, 512, 8, 4, "balanced"}, kAtomic},      // 20 rows each
+             {{100, 2048, 512, 16, 8, "balanced"}, kAtomic},    // 50 rows each
+             {{150, 2048, 512, 16, 8, "balanced"}, kStore},     // 75 rows: one 128-wide chunk
+             {{300, 1024, 256, 8, 2, "concentrated"}, kAtomic}, // 300 rows: 128+128+44
+             {{128, 2048, 512, 256, 8, "hot:0.9"}, kStore},
+             {{128, 2048, 512, 256, 8, "zipf:1.2"}, kAtomic},
+             {{200, 512, 256, 512, 8, "hot:0.9"}, kAtomic}},
+            {{{1, 512, 256, 8, 1, "balanced"}, kAtomic},
+             {{40, 512, 256, 8, 4, "balanced"}, kAtomic},
+             {{100, 384, 256, 16, 8, "balanced"}, kAtomic},
+             {{150, 384, 256, 16, 8, "balanced"}, kStore},
+             {{300, 384, 128, 8, 2, "concentrated"}, kAtomic},
+             {{64, 256, 128, 512, 8, "hot:0.9"}, kAtomic}},
+            seed);
 }
 
 TEST(GemmFp8Gpu, RowTilesOfManyRowsPerExpert) {
@@ -356,33 +376,42 @@ TEST(GemmFp8Gpu, RowTilesOfManyRowsPerExpert) {
   // Experts with ~64 and ~256 rows (the tiles of the register-loaded kernel: 128 rows, a last one
   // with one or both warpgroups partly or wholly empty; or 64 rows x two weight blocks), skew, N
   // ending in a partial 128-block, an odd number of weight blocks (a wide tile's second block past N).
-  run_case({2048, 2048, 512, 256, 8, "random"}, CombineMode::atomic, seed);
-  run_case({1000, 1024, 336, 16, 4, "random"}, CombineMode::atomic, seed);
-  run_case({1000, 1024, 336, 16, 4, "zipf:1.2"}, CombineMode::store, seed);
-  run_case({1000, 2048, 512, 32, 8, "random"}, CombineMode::store, seed);
-  run_case({1000, 1024, 208, 16, 4, "zipf:1.2"}, CombineMode::atomic, seed);
-  run_case({600, 7168, 256, 8, 2, "concentrated"}, CombineMode::atomic, seed);
+  run_cases({{{2048, 2048, 512, 256, 8, "random"}, kAtomic},
+             {{1000, 1024, 336, 16, 4, "random"}, kAtomic},
+             {{1000, 1024, 336, 16, 4, "zipf:1.2"}, kStore},
+             {{1000, 2048, 512, 32, 8, "random"}, kStore},
+             {{1000, 1024, 208, 16, 4, "zipf:1.2"}, kAtomic},
+             {{600, 7168, 256, 8, 2, "concentrated"}, kAtomic}},
+            {{{500, 512, 336, 8, 2, "random"}, kAtomic},
+             {{500, 512, 336, 8, 2, "zipf:1.2"}, kStore},
+             {{500, 512, 208, 8, 2, "zipf:1.2"}, kAtomic}},
+            seed);
 }
 
 TEST(GemmFp8Gpu, PartialBlocksAndWideShapes) {
   LOOM_REQUIRE_GPU();
   LOOM_FRESH_SEED();
-  run_case({17, 192, 80, 8, 2, "random"}, CombineMode::atomic, seed);   // K and N end in partial 128-blocks
-  run_case({17, 320, 208, 8, 2, "random"}, CombineMode::store, seed);
-  // Chunks of 128, 128 and 44 rows with partial K and N blocks.
-  run_case({300, 320, 208, 8, 2, "concentrated"}, CombineMode::store, seed);
-  run_case({300, 192, 80, 8, 2, "concentrated"}, CombineMode::atomic, seed);
-  run_case({3, 7168, 4096, 64, 2, "random"}, CombineMode::atomic, seed);
-  // K of 3, 5 and 6 whole blocks for the register-loaded kernel: its row quads of scales end short
-  // (a unit's last quad of 3, 1 and 2 blocks), its ring rotates (3 and 5), 6 takes wide tiles too.
-  run_case({200, 384, 144, 8, 2, "random"}, CombineMode::atomic, seed);
-  run_case({150, 640, 208, 8, 2, "concentrated"}, CombineMode::atomic, seed);
-  run_case({150, 768, 80, 8, 2, "random"}, CombineMode::store, seed);
-  // K of 6, 7 and 9 blocks with tiles of at most 64 rows beside whole ones (zipf): the activation
-  // ring's slots rotate from unit to unit (7, 9), and tiles with padding rows zero-fill them.
-  run_case({200, 768, 208, 8, 2, "random"}, CombineMode::atomic, seed);
-  run_case({180, 896, 336, 8, 3, "zipf:1.2"}, CombineMode::atomic, seed);
-  run_case({200, 1152, 208, 8, 2, "random"}, CombineMode::atomic, seed);
+  const std::vector<ModeCase> small{
+      {{17, 192, 80, 8, 2, "random"}, kAtomic},  // K and N end in partial 128-blocks
+      {{17, 320, 208, 8, 2, "random"}, kStore},
+      // Chunks of 128, 128 and 44 rows with partial K and N blocks.
+      {{300, 320, 208, 8, 2, "concentrated"}, kStore},
+      {{300, 192, 80, 8, 2, "concentrated"}, kAtomic},
+      // K of 3, 5 and 6 whole blocks for the register-loaded kernel: its row quads of scales end
+      // short (a unit's last quad of 3, 1 and 2 blocks), its ring rotates (3 and 5), 6 takes wide
+      // tiles too.
+      {{200, 384, 144, 8, 2, "random"}, kAtomic},
+      {{150, 640, 208, 8, 2, "concentrated"}, kAtomic},
+      {{150, 768, 80, 8, 2, "random"}, kStore},
+      // K of 6, 7 and 9 blocks with tiles of at most 64 rows beside whole ones (zipf): the
+      // activation ring's slots rotate from unit to unit (7, 9), and tiles with padding rows
+      // zero-fill them.
+      {{200, 768, 208, 8, 2, "random"}, kAtomic},
+      {{180, 896, 336, 8, 3, "zipf:1.2"}, kAtomic},
+      {{200, 1152, 208, 8, 2, "random"}, kAtomic}};
+  std::vector<ModeCase> full = small;
+  full.push_back({{3, 7168, 4096, 64, 2, "random"}, kAtomic});  // wide: 56 K blocks, 32 N blocks
+  run_cases(full, small, seed);
 }
 
 }  // namespace
