@@ -74,16 +74,12 @@ struct UnitCodes {
   float scale;
 };
 
-// Quantises this lane's 16 bf16 values (two 16-byte words; zeros for an inactive lane, which
-// gives amax 0). Every lane of the warp must call it (octet shuffles).
-__device__ __forceinline__ UnitCodes quantize_raw(uint4 raw0, uint4 raw1) {
-  float x[16];
-  const uint32_t w[8] = {raw0.x, raw0.y, raw0.z, raw0.w, raw1.x, raw1.y, raw1.z, raw1.w};
-#pragma unroll
-  for (int i = 0; i < 8; ++i) {
-    x[2 * i] = bf16_lo(w[i]);
-    x[2 * i + 1] = bf16_hi(w[i]);
-  }
+// Quantises this lane's 16 values of a 128-group spread over an octet (inactive lanes hold zeros,
+// which give amax 0). Every lane of the warp must call it (octet shuffles). kBf16Values: every x
+// is a bf16 value, for which the group's reciprocal and one correction give the IEEE quotient's
+// code (scale_divide.hpp); any other fp32 x (the ffn intermediate) is divided (__fdiv_rn).
+template <bool kBf16Values>
+__device__ __forceinline__ UnitCodes quantize_values(float (&x)[16]) {
   // A tree of fmaxf over |x| (one FMNMX each, depth 4; the comparisons took two ALU instructions
   // each in a chain of 16, and the route + quantise launch keeps that pipe ~65 % busy). The device's
   // max returns the other operand for any NaN, quiet or signalling (bf16 0x7f81 included; unlike
@@ -105,11 +101,11 @@ __device__ __forceinline__ UnitCodes quantize_raw(uint4 raw0, uint4 raw1) {
   // x / scale needs no clamp to +-448 before the encoder: |x| <= amax puts it within an fp32 ulp of
   // 448 at most, and cvt's satfinite saturates that to 448 exactly as the reference's clamp does
   // (NaN stays NaN either way).
-  if (u.scale < INFINITY) {  // by the group's reciprocal (scale_divide.hpp)
+  if (kBf16Values && u.scale < INFINITY) {  // by the group's reciprocal (scale_divide.hpp)
     const float rcp = __frcp_rn(u.scale);
 #pragma unroll
     for (int i = 0; i < 16; ++i) x[i] = divide_by_scale(x[i], u.scale, rcp);
-  } else {  // an infinite input: divide (its group's codes are NaN and +-0)
+  } else {  // fp32 values, or an infinite input (its group's codes are NaN and +-0): divide
 #pragma unroll
     for (int i = 0; i < 16; ++i) x[i] = __fdiv_rn(x[i], u.scale);
   }
@@ -118,6 +114,19 @@ __device__ __forceinline__ UnitCodes quantize_raw(uint4 raw0, uint4 raw1) {
   for (int i = 0; i < 4; ++i) q[i] = e4m3x2(x[4 * i], x[4 * i + 1]) | (e4m3x2(x[4 * i + 2], x[4 * i + 3]) << 16);
   u.codes = make_uint4(q[0], q[1], q[2], q[3]);
   return u;
+}
+
+// Quantises this lane's 16 bf16 values (two 16-byte words; zeros for an inactive lane, which
+// gives amax 0). Every lane of the warp must call it (octet shuffles).
+__device__ __forceinline__ UnitCodes quantize_raw(uint4 raw0, uint4 raw1) {
+  float x[16];
+  const uint32_t w[8] = {raw0.x, raw0.y, raw0.z, raw0.w, raw1.x, raw1.y, raw1.z, raw1.w};
+#pragma unroll
+  for (int i = 0; i < 8; ++i) {
+    x[2 * i] = bf16_lo(w[i]);
+    x[2 * i + 1] = bf16_hi(w[i]);
+  }
+  return quantize_values<true>(x);
 }
 
 // Loads and quantises this lane's 16 values of unit (t, c) (inactive lanes load nothing and give
