@@ -34,7 +34,7 @@ void check_config_against_params(const GemmFp8Params& p, const GemmConfig& cfg, 
   if (p.experts <= 0 || p.experts > kGpuMaxExperts)
     throw Error(who + "experts must be in [1, " + std::to_string(kGpuMaxExperts) + "]");
   if (!p.weights || !p.weight_scales || !p.x || !p.x_scales || !(p.offsets || p.expert_counts) || !p.row_token ||
-      !p.row_weight || !p.out)
+      !p.out)
     throw Error(who + "null device pointer");
   if (p.expert_counts && (p.expert_stride <= 0 || int64_t(p.experts) * p.expert_stride >= (int64_t(1) << 31)))
     throw Error(who + "expert bins need a positive stride with experts * stride below 2^31, got stride " +

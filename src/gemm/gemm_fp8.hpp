@@ -58,7 +58,7 @@ struct GemmFp8Params {
   int64_t x_rows = 0;                      // >= T, or R_pad (a multiple of 4) for sorted rows
   const int32_t* offsets = nullptr;        // [E+1]
   const int32_t* row_token = nullptr;      // [R] token of each expert-sorted row: the gather index
-  const float* row_weight = nullptr;       // [R]
+  const float* row_weight = nullptr;       // [R]; null: every row's weight is 1 (ffn GEMM 1's stored rows)
   // Expert bins instead of sorted rows (rows from bins, resident rows, tokens on M): expert e's rows are
   // row_token / row_weight [e * expert_stride, + min(expert_counts[e * kBinCountStride],
   // expert_stride)), in any order (RouteTopkParams::bin_counts); offsets are then not read and may

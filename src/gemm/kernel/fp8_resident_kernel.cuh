@@ -216,7 +216,7 @@ struct ResidentKernel {
             const int begin = s.tiles.expert_row[e] + row0;
             for (int i = lane; i < width; i += 32) {
               m.token[i] = i < rows ? __ldcg(a.row_token + begin + i) : -1;
-              m.weight[i] = i < rows ? __ldcg(a.row_weight + begin + i) : 0.0f;
+              m.weight[i] = i >= rows ? 0.0f : a.row_weight ? __ldcg(a.row_weight + begin + i) : 1.0f;
             }
             const float* wscale = a.weight_scales + int64_t(e) * a.nblocks * a.kblocks;
             for (int i = lane; i < a.nblocks * a.kblocks; i += 32) m.wscale[i] = __ldg(wscale + i);

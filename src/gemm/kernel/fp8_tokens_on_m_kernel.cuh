@@ -155,7 +155,7 @@ struct TokensOnMKernel {
             const int rows = min(Sh::kRows, s.tiles.expert_end[unit.expert] - begin);
             for (int i = lane; i < kTileRows; i += 32) {
               m.token[i] = i < rows ? __ldcg(a.row_token + begin + i) : 0;
-              m.weight[i] = i < rows ? __ldcg(a.row_weight + begin + i) : 0.0f;
+              m.weight[i] = i >= rows ? 0.0f : a.row_weight ? __ldcg(a.row_weight + begin + i) : 1.0f;
             }
             const float* wscale = a.weight_scales + (int64_t(unit.expert) * a.nblocks + unit.nb) * a.kblocks;
             for (int i = lane; i < a.kblocks; i += 32) m.wscale[i] = __ldg(wscale + i);

@@ -161,7 +161,8 @@ __device__ __forceinline__ void consume_chunk(S& s, Cursors& cur_state, const A&
   // This thread's row of the chunk: its weight and token, loaded now so the latency hides behind
   // the K loop (loading them in the epilogue put a round trip on every chunk).
   const int wg_row = threadIdx.x % 128;
-  const float row_w = wg_row < chunk_rows ? __ldcg(a.row_weight + row0 + wg_row) : 0.0f;
+  // No row weights (ffn GEMM 1's stored rows): weight 1.
+  const float row_w = wg_row >= chunk_rows ? 0.0f : a.row_weight ? __ldcg(a.row_weight + row0 + wg_row) : 1.0f;
   const int32_t row_t = wg_row < chunk_rows && a.atomic ? __ldcg(a.row_token + row0 + wg_row) : 0;
   const int scale_shift = Src::scale_shift(row0);
   float final_acc[kRegs];
