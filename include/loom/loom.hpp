@@ -69,7 +69,10 @@ struct Plan {
   // Workspace carve-up (byte offsets), sized for shape.tokens.
   struct Layout {
     size_t topk_ids, topk_weights, nan_flags, offsets, route_row, row_token, row_weight, x, x_scales, y,
-        gemm_queue, hit_list, early_ids, token_masks, slice_counts, bin_counts, bin_token, bin_weight, status, total;
+        gemm_queue, hit_list, early_ids, token_masks, slice_counts, bin_counts, bin_token, bin_weight, status,
+        // ffn: GEMM 1's rows [R, 2I] fp32, the intermediate's codes [R, I] and scales, GEMM 2's
+        // queue, the output's fp32 accumulator [T, H] (y then holds GEMM 2's weighted rows [R, H])
+        h, act, act_scales, gemm2_queue, acc, total;
     int64_t bin_stride;  // slots per expert bin (shape.tokens), 0 when the plan never uses the bins
     int64_t x_rows;  // activation rows the x and x_scales buffers hold (any batch of the plan fits)
   } layout{};
@@ -81,8 +84,11 @@ size_t workspace_bytes(const Plan& p);
 std::string describe(const Plan& p);  // every choice, one per line, and the launches of every bucket
 
 struct Weights {
-  const void* w1 = nullptr;         // single: [E, N, K] e4m3 codes, K-major
-  const float* w1_scales = nullptr; // [E, ceil(N/128), ceil(K/128)] fp32 block scales
+  const void* w1 = nullptr;         // single: [E, N, K] e4m3 codes, K-major; ffn: w13 [E, 2I, H] (gate rows, then up rows)
+  const float* w1_scales = nullptr; // [E, ceil(N/128), ceil(K/128)] fp32 block scales (ffn: gate and up blocks apart,
+                                    // [E, 2 ceil(I/128), ceil(H/128)])
+  const void* w2 = nullptr;         // ffn: [E, H, I] e4m3 codes, I-major
+  const float* w2_scales = nullptr; // ffn: [E, ceil(H/128), ceil(I/128)]
 };
 
 struct Inputs {
@@ -94,7 +100,7 @@ struct Inputs {
   const float* topk_weights = nullptr;   // [T, k]
 };
 
-// output: single mode fp32 [T, N]. Every pointer is device memory; all work is enqueued on `stream`.
+// output: single mode fp32 [T, N]; ffn mode bf16 [T, H]. Every pointer is device memory; all work is enqueued on `stream`.
 void run(const Plan& p, const Weights& w, const Inputs& in, void* output, void* workspace, cudaStream_t stream);
 
 // Synchronous convenience: copies the status word of the last run on `stream` from the workspace.

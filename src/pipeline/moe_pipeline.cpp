@@ -14,10 +14,12 @@
 #include "dispatch/route_dispatch_small_sm90.cuh"
 #include "gemm/combine_rows_sm90.cuh"
 #include "gemm/gemm_fp8.hpp"
+#include "gemm/to_bf16_sm90.cuh"
 #include "loom/loom.hpp"
 #include "pipeline/moe_pipeline.hpp"
 #include "pipeline/plan_buckets.hpp"
 #include "quant/quant_gather_sm90.cuh"
+#include "quant/silu_mul_quant_sm90.cuh"
 #include "route/route_quant_sm90.cuh"
 #include "route/route_topk_sm90.cuh"
 
@@ -54,6 +56,8 @@ void run_stages(const Plan& p, const Weights& w, const Inputs& in, void* output,
     throw Error("run: give router_logits or topk_ids/topk_weights, exactly one of them");
   if (!from_logits && !in.topk_weights) throw Error("run: topk_ids needs topk_weights");
   if (!in.hidden || !output || !workspace || !w.w1 || !w.w1_scales) throw Error("run: null device pointer");
+  const bool ffn = s.mode == Mode::ffn;
+  if (ffn && (!w.w2 || !w.w2_scales)) throw Error("run: ffn mode needs w2 and w2_scales");
 
   const Plan::Layout& L = p.layout;
   const int T = int(in.tokens), E = int(s.experts), k = int(s.topk);
@@ -129,8 +133,9 @@ void run_stages(const Plan& p, const Weights& w, const Inputs& in, void* output,
   // As the GEMM reads them (row quads for the hand-off and tokens-on-M kernels).
   qp.scale_layout = scale_layout(gc);
   qp.fragment_order = x_source(gc) == XSource::token_fragments;
-  // The fast combine accumulates into the output: clear it here, ordered before the GEMM.
-  qp.zero_out = p.options.deterministic ? nullptr : static_cast<float*>(output);
+  // The fast combine accumulates into the output: clear it here, ordered before the GEMM (ffn: GEMM
+  // 1 stores rows; the intermediate's kernel clears GEMM 2's accumulator).
+  qp.zero_out = p.options.deterministic || ffn ? nullptr : static_cast<float*>(output);
   qp.zero_cols = s.inter;
   // The GEMM's work queue resets itself at the end of every launch; the kernel before the GEMM
   // zeroes it once more (its generic word clear), so no run depends on how the previous one ended.
@@ -194,6 +199,13 @@ void run_stages(const Plan& p, const Weights& w, const Inputs& in, void* output,
   gp.n = int(s.inter);
   gp.k = int(s.hidden);
   gp.combine = p.options.deterministic ? CombineMode::store : CombineMode::atomic;
+  if (ffn) {  // GEMM 1: w13, each sorted row's gate and up values, unweighted
+    gp.weights = static_cast<const uint8_t*>(w.w1);
+    gp.row_weight = nullptr;
+    gp.out = at<float>(workspace, L.h);
+    gp.n = int(2 * s.inter);
+    gp.combine = CombineMode::store;
+  }
   gp.work_queue = uses_work_queue(gc) ? gemm_queue : nullptr;
   gp.hit_list = hit_list;
   gp.early_ids = rp.early_ids;
@@ -208,15 +220,68 @@ void run_stages(const Plan& p, const Weights& w, const Inputs& in, void* output,
   if (gemm) *gemm = GemmLaunch{gp, gc};
   if (do_gemm) launch_gemm_fp8(gp, gc, dev, stream, pdl);
 
-  if (launches.combine_rows && all) {
+  // ffn: the intermediate, then GEMM 2 on it (expert-sorted rows, K = I), combined into the fp32
+  // accumulator, which the last pass rounds to the bf16 output.
+  GemmFp8Params gp2;
+  float* acc = ffn ? at<float>(workspace, L.acc) : nullptr;
+  // (Stages::gemm_only: both GEMMs and what runs between and after them.)
+  if (ffn && do_gemm) {
+    const GemmConfig& gc2 = launches.gemm2;
+    const int64_t rows2 = padded_rows(int64_t(T) * k);
+    SiluMulQuantParams sq;
+    sq.h = gp.out;
+    sq.offsets = dp.offsets;
+    sq.experts = E;
+    sq.inter = int(s.inter);
+    sq.padded_rows = rows2;
+    sq.codes = at<uint8_t>(workspace, L.act);
+    sq.scales = at<float>(workspace, L.act_scales);
+    sq.scale_layout = scale_layout(gc2);
+    if (!p.options.deterministic) {
+      sq.zero_out = acc;
+      sq.zero_count = int64_t(T) * s.hidden;
+    }
+    int32_t* queue2 = at<int32_t>(workspace, L.gemm2_queue);
+    if (uses_work_queue(gc2)) {
+      sq.zero_words = queue2;
+      sq.zero_word_count = kWorkQueueWords;
+    }
+    launch_silu_mul_quant(sq, p.sm_count, stream, pdl);
+
+    gp2.weights = static_cast<const uint8_t*>(w.w2);
+    gp2.weight_scales = w.w2_scales;
+    gp2.x = sq.codes;
+    gp2.x_scales = sq.scales;
+    gp2.x_scale_layout = sq.scale_layout;
+    gp2.x_rows = rows2;
+    gp2.offsets = dp.offsets;
+    gp2.row_token = dp.row_token;
+    gp2.row_weight = dp.row_weight;
+    gp2.out = p.options.deterministic ? at<float>(workspace, L.y) : acc;
+    gp2.experts = E;
+    gp2.n = int(s.hidden);
+    gp2.k = int(s.inter);
+    gp2.combine = p.options.deterministic ? CombineMode::store : CombineMode::atomic;
+    gp2.work_queue = uses_work_queue(gc2) ? queue2 : nullptr;
+    launch_gemm_fp8(gp2, gc2, dev, stream, pdl);
+  }
+
+  if (launches.combine_rows && (ffn ? do_gemm : all)) {
     CombineRowsParams cp;
-    cp.y = gp.out;
+    cp.y = ffn ? gp2.out : gp.out;
     cp.route_row = dp.route_row;
     cp.tokens = T;
     cp.topk = k;
-    cp.cols = int(s.inter);
-    cp.out = static_cast<float*>(output);
+    cp.cols = int(ffn ? s.hidden : s.inter);
+    cp.out = ffn ? acc : static_cast<float*>(output);
     launch_combine_rows(cp, stream, pdl);
+  }
+  if (ffn && do_gemm) {
+    ToBf16Params tb;
+    tb.in = acc;
+    tb.out = static_cast<uint16_t*>(output);
+    tb.count = int64_t(T) * s.hidden;
+    launch_to_bf16(tb, p.sm_count, stream, pdl);
   }
 
   if (p.options.debug_checks) {

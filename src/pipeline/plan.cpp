@@ -102,15 +102,61 @@ Launches decide(const Shape& s, const Routing& r, const Options& o, const Device
   return l;
 }
 
+// ffn: GEMM 1 is decided as a single-mode GEMM of N = 2I that stores rows (the intermediate needs
+// each sorted row's gate and up values, unweighted), from sorted-row offsets (no expert bins);
+// GEMM 2 reads the intermediate as expert-sorted rows, so it runs a weights-on-M config on sorted
+// rows, reducing into the fp32 accumulator (fast) or storing weighted rows (deterministic).
+Launches decide_ffn(const Shape& s, const Routing& r, const Options& o, const DeviceInfo& dev,
+                    const std::optional<GemmConfig>& override_config, int64_t tokens, bool from_logits) {
+  Shape s1 = s;
+  s1.mode = Mode::single;
+  s1.inter = 2 * s.inter;
+  Options o1 = o;
+  o1.deterministic = true;
+  o1.expert_bins = false;
+  Launches l = decide(s1, r, o1, dev, override_config, tokens, from_logits);
+  l.ffn = true;
+  l.combine_rows = o.deterministic;
+  GemmProblem p2;
+  p2.tokens = tokens;
+  p2.topk = s.topk;
+  p2.experts = s.experts;
+  p2.n = s.hidden;
+  p2.k = s.inter;
+  p2.deterministic = o.deterministic;
+  p2.allow_tokens_on_m = false;
+  WeightsOnMConfig g2 = std::get<WeightsOnMConfig>(choose_gemm_config(p2, dev));
+  g2.rows = WmRows::sorted;
+  g2.store = o.deterministic;
+  g2.dense = true;
+  g2.balanced = false;
+  g2.dynamic = true;
+  g2.warm_up = false;
+  if (g2.store) g2.split_k = 1;
+  l.gemm2 = g2;
+  if (l.error.empty()) {
+    try {
+      validate(l.gemm2);
+      check_shape(l.gemm2, s.hidden, s.inter, s.experts, tokens * s.topk);
+    } catch (const Error& e) {
+      l.error = "ffn GEMM 2 (" + key(l.gemm2) + "): " + e.what();
+    }
+  }
+  return l;
+}
+
 bool same(const Launches& a, const Launches& b) {
-  return a.chain == b.chain && key(a.gemm) == key(b.gemm) && a.combine_rows == b.combine_rows && a.error == b.error;
+  return a.chain == b.chain && key(a.gemm) == key(b.gemm) && a.combine_rows == b.combine_rows && a.error == b.error &&
+         a.ffn == b.ffn && (!a.ffn || key(a.gemm2) == key(b.gemm2));
 }
 
 std::vector<PlanBuckets::Bucket> make_buckets(const Shape& s, const Routing& r, const Options& o,
                                               const DeviceInfo& dev, const std::optional<GemmConfig>& override_config) {
-  auto at = [&](int64_t t) {
-    return std::pair{decide(s, r, o, dev, override_config, t, true), decide(s, r, o, dev, override_config, t, false)};
+  auto one = [&](int64_t t, bool from_logits) {
+    return s.mode == Mode::ffn ? decide_ffn(s, r, o, dev, override_config, t, from_logits)
+                               : decide(s, r, o, dev, override_config, t, from_logits);
   };
+  auto at = [&](int64_t t) { return std::pair{one(t, true), one(t, false)}; };
   auto equal = [](const std::pair<Launches, Launches>& a, const std::pair<Launches, Launches>& b) {
     return same(a.first, b.first) && same(a.second, b.second);
   };
@@ -174,8 +220,11 @@ Plan plan(const Shape& s, const Routing& r, const Options& o) { return plan(s, r
 Plan plan(const Shape& s, const Routing& r, const Options& o, const DeviceSpec& device) {
   validate(s);
   validate(r, s);
-  if (s.mode != Mode::single)
-    throw Error("the GPU path runs mode single only for now; ffn mode has the CPU reference (layer_ref) only");
+  // GEMM 1 runs w13 as one matrix of 2I rows in 128-row blocks: a partial gate block would share
+  // a block with up rows, whose scales are the up segment's own.
+  if (s.mode == Mode::ffn && s.inter % 128 != 0)
+    throw Error("ffn mode on the GPU needs inter (I) a multiple of 128 for now, got " + std::to_string(s.inter) +
+                " (GEMM 1's 128-row weight blocks must not straddle gate and up)");
   if (s.dtype != DType::fp8)
     throw Error("the GPU path runs dtype fp8 only for now; bf16 has the CPU reference (layer_ref) only");
   if (s.experts > kGpuMaxExperts)
@@ -187,8 +236,8 @@ Plan plan(const Shape& s, const Routing& r, const Options& o, const DeviceSpec& 
   const DeviceInfo dev = device_info(device);
   std::optional<GemmConfig> override_config;
   if (!o.gemm_config.empty()) {
-    override_config = parse_gemm_key(o.gemm_config);
-    check_shape(*override_config, s.inter, s.hidden, s.experts, s.tokens);
+    override_config = parse_gemm_key(o.gemm_config);  // ffn: GEMM 1's
+    check_shape(*override_config, s.mode == Mode::ffn ? 2 * s.inter : s.inter, s.hidden, s.experts, s.tokens);
   }
 
   Plan p;
@@ -207,7 +256,8 @@ Plan plan(const Shape& s, const Routing& r, const Options& o, const DeviceSpec& 
 
   // What the buckets need of the workspace: activation rows (one per token, or one per route where
   // the sorted copy is read), expert bins, a work queue.
-  const int64_t T = s.tokens, K = s.hidden, N = s.inter, R = s.routes();
+  const bool ffn = s.mode == Mode::ffn;
+  const int64_t T = s.tokens, K = s.hidden, N = ffn ? 2 * s.inter : s.inter, R = s.routes(), Rp = padded_rows(R);
   int64_t x_rows = padded_rows(T);
   bool bins = false;
   for (const auto& b : buckets->buckets)
@@ -227,7 +277,8 @@ Plan plan(const Shape& s, const Routing& r, const Options& o, const DeviceSpec& 
   L.row_weight = carve(c, size_t(R) * 4);
   L.x = carve(c, size_t(x_rows) * size_t(K));
   L.x_scales = carve(c, size_t(scale_floats(quant_blocks(K), x_rows)) * 4);  // either layout
-  L.y = carve(c, o.deterministic ? size_t(R) * size_t(N) * 4 : 0);
+  // Stored rows: single mode's deterministic combine, ffn GEMM 2's (N = H there).
+  L.y = carve(c, o.deterministic ? size_t(R) * size_t(ffn ? s.hidden : N) * 4 : 0);
   L.gemm_queue = carve(c, 2 * sizeof(int32_t));  // the GEMM's work queue (scheduler/work_queue.cuh)
   L.hit_list = carve(c, size_t(s.experts + 1) * 16);  // experts with rows, from the fused small kernel
   L.early_ids = carve(c, size_t(kEarlyIdWords) * 4);  // ... and the routes' ids as soon as ranked
@@ -239,6 +290,11 @@ Plan plan(const Shape& s, const Routing& r, const Options& o, const DeviceSpec& 
   L.bin_token = carve(c, size_t(s.experts) * size_t(L.bin_stride) * 4);
   L.bin_weight = carve(c, size_t(s.experts) * size_t(L.bin_stride) * 4);
   L.status = carve(c, sizeof(LayerStatus));
+  L.h = carve(c, ffn ? size_t(Rp) * size_t(N) * 4 : 0);
+  L.act = carve(c, ffn ? size_t(Rp) * size_t(s.inter) : 0);
+  L.act_scales = carve(c, ffn ? size_t(scale_floats(quant_blocks(s.inter), Rp)) * 4 : 0);  // either layout
+  L.gemm2_queue = carve(c, ffn ? 2 * sizeof(int32_t) : 0);
+  L.acc = carve(c, ffn ? size_t(T) * size_t(s.hidden) * 4 : 0);
   L.total = c;
   L.x_rows = x_rows;
   p.buckets = buckets;
@@ -283,8 +339,13 @@ std::string Launches::summary(bool from_logits) const {
   if (!chain.fused_route_dispatch && !chain.expert_bins)
     add(chain.dispatch_with_quant ? "dispatch+quant" : chain.dispatch_small ? "dispatch(1 CTA)" : "count+dispatch");
   if (chain.sorted_rows && !chain.dispatch_with_quant) add("quant(sorted)");
-  add("gemm " + key(gemm));
+  add((ffn ? "gemm1 " : "gemm ") + key(gemm));
+  if (ffn) {
+    add("silu*up+quant");
+    add("gemm2 " + key(gemm2));
+  }
   if (combine_rows) add("combine");
+  if (ffn) add("bf16");
   return s;
 }
 
@@ -315,10 +376,13 @@ std::string describe(const Plan& p) {
   for (const auto& b : p.buckets->buckets)
     for (const Launches* l : {&b.from_logits, &b.from_ids}) {
       if (!l->error.empty()) continue;
-      const std::string k = key(l->gemm);
-      if (std::find(seen.begin(), seen.end(), k) != seen.end()) continue;
-      seen.push_back(k);
-      o << "  " << k << ": " << describe(l->gemm) << "\n";
+      for (const GemmConfig* g : {&l->gemm, l->ffn ? &l->gemm2 : nullptr}) {
+        if (!g) continue;
+        const std::string k = key(*g);
+        if (std::find(seen.begin(), seen.end(), k) != seen.end()) continue;
+        seen.push_back(k);
+        o << "  " << k << ": " << describe(*g) << "\n";
+      }
     }
   return o.str();
 }

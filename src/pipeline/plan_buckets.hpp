@@ -31,7 +31,12 @@ struct Chain {
 struct Launches {
   Chain chain;
   GemmConfig gemm;
-  bool combine_rows = false;  // the deterministic combine kernel after the GEMM
+  bool combine_rows = false;  // the deterministic combine kernel after the (last) GEMM
+  // ffn: `gemm` is GEMM 1 (w13), storing each sorted row unweighted; then the intermediate
+  // (SiLU(gate)*up, requantised), GEMM 2 (w2, sorted rows of the intermediate) with the combine,
+  // then the bf16 output pass.
+  bool ffn = false;
+  GemmConfig gemm2;
   std::string error;          // non-empty: this routing source cannot run with the plan's options
   // "clear+route+quant+bins -> gemm tM.tall.s4.bulk.dyn.efw.exl", one line.
   std::string summary(bool from_logits) const;

@@ -41,7 +41,17 @@ void check_plan(const Plan& p) {
       SCOPED_TRACE(testing::Message() << "T=" << b.first << ".." << b.last << (logits ? " logits " : " ids ")
                                       << l.summary(logits));
       EXPECT_EQ(key(parse_gemm_key(key(l.gemm))), key(l.gemm));
-      EXPECT_EQ(combine_stores_rows(l.gemm), p.options.deterministic);
+      EXPECT_EQ(l.ffn, p.shape.mode == Mode::ffn);
+      if (l.ffn) {  // GEMM 1 stores each sorted row; GEMM 2 reads the intermediate's sorted rows
+        EXPECT_TRUE(combine_stores_rows(l.gemm));
+        EXPECT_FALSE(l.chain.expert_bins);
+        EXPECT_EQ(key(parse_gemm_key(key(l.gemm2))), key(l.gemm2));
+        EXPECT_EQ(combine_stores_rows(l.gemm2), p.options.deterministic);
+        EXPECT_EQ(x_source(l.gemm2), XSource::sorted_rows);
+        EXPECT_EQ(l.combine_rows, p.options.deterministic);
+      } else {
+        EXPECT_EQ(combine_stores_rows(l.gemm), p.options.deterministic);
+      }
       EXPECT_EQ(l.chain.sorted_rows, x_source(l.gemm) == XSource::sorted_rows);
       if (l.chain.sorted_rows) {
         EXPECT_GE(p.layout.x_rows, padded_rows(b.last * p.shape.topk));
@@ -75,6 +85,47 @@ TEST(Plan, DescribedDevicesPlanEveryBatchWithoutAGpu) {
     }
   }
   EXPECT_THROW(device_spec("a100"), Error);
+}
+
+// ffn: every batch of the qwen35-layer shape (and others) plans on a described H200, both
+// combines, with the workspace for GEMM 1's rows, the intermediate and the accumulator; an I the
+// GPU path cannot tile is rejected with the reason.
+TEST(Plan, FfnLayerPlansEveryBatch) {
+  const DeviceSpec d = device_spec("h200");
+  const Preset& layer = find_preset("qwen35-layer");
+  for (const int64_t tokens : {int64_t(1), int64_t(128), int64_t(8192), int64_t(65536)})
+    for (const bool deterministic : {false, true}) {
+      SCOPED_TRACE(testing::Message() << "T=" << tokens << (deterministic ? " deterministic" : " fast"));
+      Shape s = layer.shape;
+      s.tokens = tokens;
+      Options o;
+      o.deterministic = deterministic;
+      const Plan p = plan(s, layer.routing, o, d);
+      check_plan(p);
+      for (const auto& b : p.buckets->buckets) {
+        EXPECT_EQ(b.from_logits.error, "");
+        EXPECT_EQ(b.from_ids.error, "");
+      }
+      const int64_t Rp = padded_rows(s.routes());
+      EXPECT_GE(p.layout.act - p.layout.h, size_t(Rp * 2 * s.inter * 4));
+      EXPECT_GE(p.layout.act_scales - p.layout.act, size_t(Rp * s.inter));
+      EXPECT_GE(p.layout.total - p.layout.acc, size_t(tokens * s.hidden * 4));
+      EXPECT_NE(describe(p).find("gemm2 wM.sorted"), std::string::npos) << describe(p);
+    }
+  Shape wide = layer.shape;
+  wide.hidden = 7168;
+  wide.inter = 1536;
+  wide.experts = 512;
+  wide.topk = 16;
+  check_plan(plan(wide, layer.routing, Options{}, d));
+  Shape odd = layer.shape;
+  odd.inter = 192;
+  try {
+    plan(odd, layer.routing, Options{}, d);
+    ADD_FAILURE() << "I = 192 planned";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("multiple of 128"), std::string::npos) << e.what();
+  }
 }
 
 TEST(Plan, BucketsFollowTheChooserAcrossOptions) {

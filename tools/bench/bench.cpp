@@ -1,3 +1,4 @@
+#include "common/bf16.hpp"
 #include "bench/bench.hpp"
 
 #include <algorithm>
@@ -44,11 +45,15 @@ class DeviceWeights {
     if (!w1_scales_.get()) w1_scales_ = DeviceBuffer::from(w_.w1_scales);
     return w1_scales_;
   }
+  const DeviceBuffer& w2_scales() {
+    if (!w2_scales_.get()) w2_scales_ = DeviceBuffer::from(w_.w2_scales);
+    return w2_scales_;
+  }
 
  private:
   const LayerWeights& w_;
   std::vector<DeviceBuffer> w1_, w2_;
-  DeviceBuffer w1_scales_;
+  DeviceBuffer w1_scales_, w2_scales_;
 };
 
 // Streaming read over the routed experts' weight matrices (codes or bf16 values; the fp32 block
@@ -276,6 +281,10 @@ void measure_gpu(const BenchOptions& opt, const Plan& plan, const Shape& s, cons
     Weights w;
     w.w1 = weights.w1(c).get();
     w.w1_scales = weights.w1_scales().as<float>();
+    if (s.mode == Mode::ffn) {
+      w.w2 = weights.w2(c).get();
+      w.w2_scales = weights.w2_scales().as<float>();
+    }
     return w;
   };
 
@@ -286,7 +295,11 @@ void measure_gpu(const BenchOptions& opt, const Plan& plan, const Shape& s, cons
   LOOM_CUDA_CHECK(cudaStreamSynchronize(timer.stream()));
   const LayerStatus st = read_status(plan, d_ws.get(), timer.stream());
   if (reference) {
-    const std::vector<float> got = d_out.to_host<float>();
+    std::vector<float> got = d_out.to_host<float>();
+    if (s.mode == Mode::ffn) {  // bf16 [T, H]: the buffer's first half
+      const std::vector<uint16_t> b = d_out.to_host<uint16_t>();
+      for (size_t i = 0; i < size_t(s.tokens * s.out_cols()); ++i) got[i] = bf16_to_float(bf16{b[i]});
+    }
     const ErrorStats e = relative_error(got.data(), reference->out.data(), s.tokens, s.out_cols());
     r.check_overall = e.overall;
     r.check_worst_row = e.worst_row;
