@@ -21,8 +21,9 @@ __device__ double decode_e4m3(uint8_t code) {
 }
 
 // Block: 32 sorted rows of one expert x 32 output columns; K in tiles of 32 through shared memory.
+// Weight rows form segments of seg rows (w13: gate, then up), each in its own 128-row blocks.
 __global__ void reference_gemm_kernel(const uint8_t* a, const float* a_scales, const uint8_t* w, const float* w_scales,
-                                      const int2* tiles, int n, int k, int nblocks, int kblocks, double* y) {
+                                      const int2* tiles, int n, int k, int seg, int nblocks, int kblocks, double* y) {
   __shared__ double as[kTile][kTile + 1];
   __shared__ double ws[kTile][kTile + 1];
   const int2 tile = tiles[blockIdx.x];  // (expert, first padded row); padding rows hold zeros
@@ -38,7 +39,8 @@ __global__ void reference_gemm_kernel(const uint8_t* a, const float* a_scales, c
       const int gn = n0 + r;
       ws[r][kk] = (gk < k && gn < n)
                       ? decode_e4m3(w[(int64_t(e) * n + gn) * k + gk]) *
-                            double(w_scales[(int64_t(e) * nblocks + gn / 128) * kblocks + gk / 128])
+                            double(w_scales[(int64_t(e) * nblocks + gn / seg * ((seg + 127) / 128) + gn % seg / 128) *
+                                                kblocks + gk / 128])
                       : 0.0;
     }
     __syncthreads();
@@ -52,58 +54,111 @@ __global__ void reference_gemm_kernel(const uint8_t* a, const float* a_scales, c
   }
 }
 
+// Sorted rows padded per expert to whole 32-row tiles (a tile never spans two experts), each
+// route's padded row, and the tiles.
+struct PaddedRows {
+  std::vector<int2> tiles;
+  std::vector<int64_t> route_row;  // [T*k], -1 = dropped
+  int64_t rows = 0;
+};
+PaddedRows pad_rows(const Shape& s, const TopK& topk) {
+  const Dispatch d = dispatch_ref(topk.ids.data(), topk.tokens, s.topk, s.experts);
+  PaddedRows p;
+  std::vector<int64_t> start(size_t(s.experts));
+  for (int64_t e = 0; e < s.experts; ++e) {
+    start[size_t(e)] = p.rows;
+    const int64_t c = d.counts[size_t(e)];
+    for (int64_t r = 0; r < c; r += kTile) p.tiles.push_back(make_int2(int(e), int(p.rows + r)));
+    p.rows += (c + kTile - 1) / kTile * kTile;
+  }
+  p.route_row.assign(size_t(topk.tokens * s.topk), -1);
+  for (int64_t route = 0; route < topk.tokens * s.topk; ++route) {
+    const int32_t row = d.route_row[size_t(route)];
+    if (row >= 0) {
+      const int32_t e = topk.ids[size_t(route)];
+      p.route_row[size_t(route)] = start[size_t(e)] + (row - d.offsets[size_t(e)]);
+    }
+  }
+  return p;
+}
+
+// y [rows, N] in double: each padded row (codes a, 1x128 scales as, row-major) times its expert's
+// dequantised weights (codes wq [E, N, K], 128x128 scales in segments of seg rows).
+std::vector<double> grouped_gemm_gpu(const PaddedRows& p, const std::vector<uint8_t>& a, const std::vector<float>& as,
+                                     const std::vector<uint8_t>& wq, const std::vector<float>& ws, int64_t N, int64_t K,
+                                     int64_t seg) {
+  if (p.tiles.empty()) return {};
+  bench::DeviceBuffer da = bench::DeviceBuffer::from(a), das = bench::DeviceBuffer::from(as);
+  bench::DeviceBuffer dw = bench::DeviceBuffer::from(wq), dws = bench::DeviceBuffer::from(ws);
+  bench::DeviceBuffer dt = bench::DeviceBuffer::from(p.tiles);
+  bench::DeviceBuffer dy(size_t(p.rows * N) * sizeof(double));
+  const dim3 grid(unsigned(p.tiles.size()), unsigned((N + kTile - 1) / kTile));
+  reference_gemm_kernel<<<grid, 256>>>(da.as<uint8_t>(), das.as<float>(), dw.as<uint8_t>(), dws.as<float>(),
+                                       dt.as<int2>(), int(N), int(K), int(seg), int(weight_row_blocks(N, seg)),
+                                       int(quant_blocks(K)), dy.as<double>());
+  LOOM_CUDA_CHECK_LAUNCH();
+  LOOM_CUDA_CHECK(cudaDeviceSynchronize());
+  return dy.to_host<double>();
+}
+
+// Each token's quantised hidden row copied to its routes' padded rows (padding rows: zeros).
+void gather_hidden(const Shape& s, const PaddedRows& p, const std::vector<bf16>& hidden, int64_t T,
+                   std::vector<uint8_t>& a, std::vector<float>& as) {
+  const int64_t K = s.hidden, KB = quant_blocks(K);
+  std::vector<uint8_t> tq(size_t(T * K));
+  std::vector<float> ts(size_t(T * KB));
+  quantize_1x128_ref(hidden.data(), T, K, tq.data(), ts.data());
+  a.assign(size_t(std::max<int64_t>(p.rows, 1) * K), 0);
+  as.assign(size_t(std::max<int64_t>(p.rows, 1) * KB), 0.0f);
+  for (int64_t route = 0; route < T * s.topk; ++route) {
+    const int64_t prow = p.route_row[size_t(route)], t = route / s.topk;
+    if (prow < 0) continue;
+    std::copy_n(&tq[size_t(t * K)], K, &a[size_t(prow * K)]);
+    std::copy_n(&ts[size_t(t * KB)], KB, &as[size_t(prow * KB)]);
+  }
+}
+
+// Sum over slots, in slot order, of weight * y[route's row].
+std::vector<double> combine(const PaddedRows& p, const TopK& topk, const std::vector<double>& y, int64_t N) {
+  std::vector<double> out(size_t(topk.tokens * N), 0.0);
+  for (int64_t t = 0; t < topk.tokens; ++t)
+    for (int64_t j = 0; j < topk.topk; ++j) {
+      const int64_t prow = p.route_row[size_t(t * topk.topk + j)];
+      if (prow < 0) continue;
+      const double wt = topk.weights[size_t(t * topk.topk + j)];
+      for (int64_t n = 0; n < N; ++n) out[size_t(t * N + n)] += wt * y[size_t(prow * N + n)];
+    }
+  return out;
+}
+
 }  // namespace
 
 std::vector<double> reference_single_fp8_gpu(const LayerWeights& w, const std::vector<bf16>& hidden, const TopK& topk) {
   const Shape& s = w.shape;
-  const int64_t T = topk.tokens, K = s.hidden, N = s.inter, KB = quant_blocks(K), NB = quant_blocks(N);
-  const Dispatch d = dispatch_ref(topk.ids.data(), T, s.topk, s.experts);
-  // Sorted rows padded per expert to whole 32-row tiles, so a tile never spans two experts.
-  std::vector<int2> tiles;
-  std::vector<int64_t> padded_start(size_t(s.experts));
-  int64_t padded = 0;
-  for (int64_t e = 0; e < s.experts; ++e) {
-    padded_start[size_t(e)] = padded;
-    const int64_t c = d.counts[size_t(e)];
-    for (int64_t r = 0; r < c; r += kTile) tiles.push_back(make_int2(int(e), int(padded + r)));
-    padded += (c + kTile - 1) / kTile * kTile;
-  }
-  std::vector<uint8_t> tq(size_t(T * K));
-  std::vector<float> ts(size_t(T * KB));
-  quantize_1x128_ref(hidden.data(), T, K, tq.data(), ts.data());
-  std::vector<uint8_t> a(size_t(std::max<int64_t>(padded, 1) * K), 0);
-  std::vector<float> as(size_t(std::max<int64_t>(padded, 1) * KB), 0.0f);
-  std::vector<int64_t> route_padded_row(size_t(T * s.topk), -1);
-  for (int64_t route = 0; route < T * s.topk; ++route) {
-    const int32_t row = d.route_row[size_t(route)];
-    if (row < 0) continue;
-    const int32_t e = topk.ids[size_t(route)];
-    const int64_t prow = padded_start[size_t(e)] + (row - d.offsets[size_t(e)]);
-    route_padded_row[size_t(route)] = prow;
-    const int64_t t = route / s.topk;
-    std::copy_n(&tq[size_t(t * K)], K, &a[size_t(prow * K)]);
-    std::copy_n(&ts[size_t(t * KB)], KB, &as[size_t(prow * KB)]);
-  }
-  std::vector<double> out(size_t(T * N), 0.0);
-  if (tiles.empty()) return out;
-  bench::DeviceBuffer da = bench::DeviceBuffer::from(a), das = bench::DeviceBuffer::from(as);
-  bench::DeviceBuffer dw = bench::DeviceBuffer::from(w.w1_q), dws = bench::DeviceBuffer::from(w.w1_scales);
-  bench::DeviceBuffer dt = bench::DeviceBuffer::from(tiles);
-  bench::DeviceBuffer dy(size_t(padded * N) * sizeof(double));
-  const dim3 grid(unsigned(tiles.size()), unsigned((N + kTile - 1) / kTile));
-  reference_gemm_kernel<<<grid, 256>>>(da.as<uint8_t>(), das.as<float>(), dw.as<uint8_t>(), dws.as<float>(),
-                                       dt.as<int2>(), int(N), int(K), int(NB), int(KB), dy.as<double>());
-  LOOM_CUDA_CHECK_LAUNCH();
-  LOOM_CUDA_CHECK(cudaDeviceSynchronize());
-  const std::vector<double> y = dy.to_host<double>();
-  for (int64_t t = 0; t < T; ++t)
-    for (int64_t j = 0; j < s.topk; ++j) {
-      const int64_t prow = route_padded_row[size_t(t * s.topk + j)];
-      if (prow < 0) continue;
-      const double wt = topk.weights[size_t(t * s.topk + j)];
-      for (int64_t n = 0; n < N; ++n) out[size_t(t * N + n)] += wt * y[size_t(prow * N + n)];
-    }
-  return out;
+  const PaddedRows p = pad_rows(s, topk);
+  std::vector<uint8_t> a;
+  std::vector<float> as;
+  gather_hidden(s, p, hidden, topk.tokens, a, as);
+  if (p.tiles.empty()) return std::vector<double>(size_t(topk.tokens * s.inter), 0.0);
+  return combine(p, topk, grouped_gemm_gpu(p, a, as, w.w1_q, w.w1_scales, s.inter, s.hidden, s.inter), s.inter);
+}
+
+std::vector<double> reference_ffn_fp8_gpu(const LayerWeights& w, const std::vector<bf16>& hidden, const TopK& topk) {
+  const Shape& s = w.shape;
+  const int64_t I = s.inter, H = s.hidden;
+  const PaddedRows p = pad_rows(s, topk);
+  if (p.tiles.empty()) return std::vector<double>(size_t(topk.tokens * H), 0.0);
+  std::vector<uint8_t> a;
+  std::vector<float> as;
+  gather_hidden(s, p, hidden, topk.tokens, a, as);
+  const std::vector<double> h = grouped_gemm_gpu(p, a, as, w.w1_q, w.w1_scales, 2 * I, H, I);
+  // The intermediate as layer_ref makes it: act in double, rounded once to fp32, 1x128 requantised.
+  std::vector<float> act(size_t(p.rows * I));
+  silu_mul_ref(h.data(), p.rows, I, act.data());
+  std::vector<uint8_t> a2(size_t(p.rows * I));
+  std::vector<float> as2(size_t(p.rows * quant_blocks(I)));
+  quantize_1x128_ref(act.data(), p.rows, I, a2.data(), as2.data());
+  return combine(p, topk, grouped_gemm_gpu(p, a2, as2, w.w2_q, w.w2_scales, H, I, H), H);
 }
 
 }  // namespace loom::test

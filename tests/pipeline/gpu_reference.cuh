@@ -1,4 +1,4 @@
-// An independent GPU reference of the single-mode FP8 layer for shapes too large for the CPU
+// An independent GPU reference of the FP8 layer (single and ffn modes) for shapes too large for the CPU
 // reference: CUDA cores only, operands dequantised exactly (code x scale) in double, double
 // accumulation, none of loom's kernels (no tensor cores, no TMA). Itself checked against layer_ref
 // on small shapes (test_pipeline_gpu.cpp).
@@ -14,5 +14,10 @@ namespace loom::test {
 
 // out [T, N] in double: sum over slots of weight * (quantised hidden . dequantised W_e^T).
 std::vector<double> reference_single_fp8_gpu(const LayerWeights& w, const std::vector<bf16>& hidden, const TopK& topk);
+
+// The ffn layer (fp8): GEMM 1 (w13) in double on the GPU, the intermediate as layer_ref makes it
+// (act in double rounded once to fp32, 1x128 requantised, on the CPU), GEMM 2 (w2) in double on
+// the GPU, the slot-order combine; out [T, H] in double, before the bf16 rounding.
+std::vector<double> reference_ffn_fp8_gpu(const LayerWeights& w, const std::vector<bf16>& hidden, const TopK& topk);
 
 }  // namespace loom::test
