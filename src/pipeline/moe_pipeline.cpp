@@ -80,6 +80,8 @@ void run_stages(const Plan& p, const Weights& w, const Inputs& in, void* output,
   const bool all = stages == Stages::all, glue = all || stages == Stages::glue_only;
   const bool do_route = glue || stages == Stages::route_only, do_dispatch = glue || stages == Stages::dispatch_only;
   const bool do_quant = glue || stages == Stages::quant_only, do_gemm = all || stages == Stages::gemm_only;
+  const bool do_gemm1 = do_gemm || stages == Stages::ffn_gemm1, do_act = do_gemm || stages == Stages::ffn_act;
+  const bool do_gemm2 = do_gemm || stages == Stages::ffn_gemm2, do_out = do_gemm || stages == Stages::ffn_out;
   const bool fused = chain.fused_route_dispatch;
   RouteTopkParams rp;
   if (from_logits) {
@@ -218,14 +220,13 @@ void run_stages(const Plan& p, const Weights& w, const Inputs& in, void* output,
     gp.row_weight = rp_bins.bin_weight;
   }
   if (gemm) *gemm = GemmLaunch{gp, gc};
-  if (do_gemm) launch_gemm_fp8(gp, gc, dev, stream, pdl);
+  if (ffn ? do_gemm1 : do_gemm) launch_gemm_fp8(gp, gc, dev, stream, pdl);
 
   // ffn: the intermediate, then GEMM 2 on it (expert-sorted rows, K = I), combined into the fp32
   // accumulator, which the last pass rounds to the bf16 output.
   GemmFp8Params gp2;
   float* acc = ffn ? at<float>(workspace, L.acc) : nullptr;
-  // (Stages::gemm_only: both GEMMs and what runs between and after them.)
-  if (ffn && do_gemm) {
+  if (ffn) {
     const GemmConfig& gc2 = launches.gemm2;
     const int64_t rows2 = padded_rows(int64_t(T) * k);
     SiluMulQuantParams sq;
@@ -246,7 +247,7 @@ void run_stages(const Plan& p, const Weights& w, const Inputs& in, void* output,
       sq.zero_words = queue2;
       sq.zero_word_count = kWorkQueueWords;
     }
-    launch_silu_mul_quant(sq, p.sm_count, stream, pdl);
+    if (do_act) launch_silu_mul_quant(sq, p.sm_count, stream, pdl);
 
     gp2.weights = static_cast<const uint8_t*>(w.w2);
     gp2.weight_scales = w.w2_scales;
@@ -263,10 +264,10 @@ void run_stages(const Plan& p, const Weights& w, const Inputs& in, void* output,
     gp2.k = int(s.inter);
     gp2.combine = p.options.deterministic ? CombineMode::store : CombineMode::atomic;
     gp2.work_queue = uses_work_queue(gc2) ? queue2 : nullptr;
-    launch_gemm_fp8(gp2, gc2, dev, stream, pdl);
+    if (do_gemm2) launch_gemm_fp8(gp2, gc2, dev, stream, pdl);
   }
 
-  if (launches.combine_rows && (ffn ? do_gemm : all)) {
+  if (launches.combine_rows && (ffn ? do_out : all)) {
     CombineRowsParams cp;
     cp.y = ffn ? gp2.out : gp.out;
     cp.route_row = dp.route_row;
@@ -276,7 +277,7 @@ void run_stages(const Plan& p, const Weights& w, const Inputs& in, void* output,
     cp.out = ffn ? acc : static_cast<float*>(output);
     launch_combine_rows(cp, stream, pdl);
   }
-  if (ffn && do_gemm) {
+  if (ffn && do_out) {
     ToBf16Params tb;
     tb.in = acc;
     tb.out = static_cast<uint16_t*>(output);

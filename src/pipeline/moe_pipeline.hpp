@@ -17,6 +17,11 @@ enum class Stages {
   dispatch_only,
   quant_only,
   glue_only,      // route -> dispatch -> quantise, without the GEMM
+  // ffn, each alone on a prepared workspace (gemm_only: all four, in order)
+  ffn_gemm1,      // GEMM 1
+  ffn_act,        // the intermediate (SiLU(gate)*up, requantised)
+  ffn_gemm2,      // GEMM 2
+  ffn_out,        // the deterministic combine (if any) and the bf16 output
   none,           // nothing launched (gemm_launch_for: what the GEMM launch would be)
 };
 

@@ -341,6 +341,15 @@ void measure_gpu(const BenchOptions& opt, const Plan& plan, const Shape& s, cons
     };
     r.gpu.push_back(Timed{label, timer.time(f, cold.copies, cold.mode, brief), Stats{}});
   }
+  // ffn: each part of the GEMM stage alone (gemm = all four in order).
+  if (s.mode == Mode::ffn)
+    for (const auto& [name, stages] : {std::pair{"gemm1", Stages::ffn_gemm1}, std::pair{"act", Stages::ffn_act},
+                                       std::pair{"gemm2", Stages::ffn_gemm2}, std::pair{"out", Stages::ffn_out}}) {
+      auto f = [&, st3 = stages](cudaStream_t st2, int c) {
+        run_stages(plan, weights_of(c), in, d_out.get(), d_ws.get(), st2, st3);
+      };
+      r.gpu.push_back(Timed{name, timer.time(f, cold.copies, cold.mode, brief), Stats{}});
+    }
   if (opt.trace_chain > 0) trace_chain(opt.trace_chain, [&](cudaStream_t st2) { e2e(st2, 0); }, timer, log);
   log << "  loom e2e " << t_e2e.cold.median_us << " us (" << t_e2e.cold.l2 << "), GEMM alone " << t_gemm.cold.median_us
       << " us\n";
