@@ -13,6 +13,7 @@
 #include "loom/loom.hpp"
 #include "pipeline/gpu_reference.cuh"
 #include "pipeline/layer_ref.hpp"
+#include "route/route_ref.hpp"
 #include "test_seed.hpp"
 #include "workload/workload.hpp"
 
@@ -174,6 +175,40 @@ TEST(FfnGpu, DeterministicIsBitwiseStableAndMatchesGraphReplay) {
   EXPECT_EQ(replay, first);
   cudaGraphExecDestroy(exec);
   cudaGraphDestroy(graph);
+}
+
+// Ids outside [0, E) are dropped and counted; NaN router logits rank last and are counted; the
+// output stays finite and matches the reference of what was routed.
+TEST(FfnGpu, BadIdsAndNanLogitsAreCountedNotFatal) {
+  LOOM_REQUIRE_GPU();
+  LOOM_FRESH_SEED();
+  FfnRun r({16, 256, 128, 8, 2, "balanced", false, false}, seed);
+  TopK bad = r.routes.topk;
+  bad.ids[3] = -1;
+  bad.ids[10] = 8;
+  bad.ids[11] = 1 << 30;
+  r.ids = DeviceBuffer::from(bad.ids);
+  std::vector<float> got;
+  for (uint16_t b : r.run_once()) got.push_back(bf16_to_float(bf16{b}));
+  EXPECT_EQ(read_status(r.plan, r.ws.get(), nullptr).dropped_routes, 3u);
+  const std::vector<double> ref = layer_ref(r.weights, r.hidden.data(), bad).out;
+  ErrorStats e = relative_error(got.data(), ref.data(), 16, 256);
+  EXPECT_LE(e.overall, 2e-3);
+  EXPECT_LE(e.worst_row, 1e-2) << "worst token row " << e.worst_row_index;
+
+  FfnRun n({16, 256, 128, 8, 2, "random"}, seed + 7);
+  std::vector<float> logits = n.routes.logits;
+  for (int x = 0; x < 8; ++x) logits[size_t(5 * 8 + x)] = NAN;  // token 5: all NaN
+  logits[size_t(9 * 8 + 2)] = NAN;                              // token 9: one NaN
+  n.logits = DeviceBuffer::from(logits);
+  got.clear();
+  for (uint16_t b : n.run_once()) got.push_back(bf16_to_float(bf16{b}));
+  EXPECT_EQ(read_status(n.plan, n.ws.get(), nullptr).nan_tokens, 2u);
+  for (float v : got) ASSERT_TRUE(std::isfinite(v));
+  const std::vector<double> ref2 = layer_ref(n.weights, n.hidden.data(), route_ref(logits.data(), 16, 8, 2, Routing{})).out;
+  e = relative_error(got.data(), ref2.data(), 16, 256);
+  EXPECT_LE(e.overall, 2e-3);
+  EXPECT_LE(e.worst_row, 1e-2) << "worst token row " << e.worst_row_index;
 }
 
 TEST(FfnGpu, ZeroTokensLaunchesNothing) {
