@@ -117,7 +117,15 @@ TEST(Plan, FfnLayerPlansEveryBatch) {
   wide.inter = 1536;
   wide.experts = 512;
   wide.topk = 16;
-  check_plan(plan(wide, layer.routing, Options{}, d));
+  for (const int64_t tokens : {int64_t(1), int64_t(65536)}) {
+    wide.tokens = tokens;
+    const Plan p = plan(wide, layer.routing, Options{}, d);
+    check_plan(p);
+    for (const auto& b : p.buckets->buckets) {
+      EXPECT_EQ(b.from_logits.error, "") << "T=" << b.first;
+      EXPECT_EQ(b.from_ids.error, "") << "T=" << b.first;
+    }
+  }
   Shape odd = layer.shape;
   odd.inter = 192;
   try {
