@@ -51,7 +51,9 @@ inline constexpr int64_t padded_rows(int64_t routes) { return round_up(routes, 4
 //  sorted_rows:     one row per route in expert-sorted order (row route_row[t * k + j]), read by TMA.
 //  token_fragments: token order with each 128-byte group's words in wgmma A-fragment order
 //                   (fragment_word), for the tokens-on-M GEMM.
-enum class XSource { gather_by_token, sorted_rows, token_fragments };
+//  sorted_fragments: expert-sorted rows in A-fragment order (the ffn intermediate, which the
+//                   SiLU·mul kernel writes), for the tokens-on-M GEMM reading rows by sorted index.
+enum class XSource { gather_by_token, sorted_rows, token_fragments, sorted_fragments };
 
 // The activation scales' layout (G = ceil(H/128) groups of 128, `rows` a multiple of 4):
 //  group_major: [G, rows], group g's scales of consecutive rows side by side: a GEMM stage reads

@@ -47,7 +47,13 @@ void launch_gemm_fp8_tokens_on_m(const GemmFp8Params& p, const TokensOnMConfig& 
   const gemm::TokensOnMLaunch l = gemm::make_tokens_on_m_launch(p, cfg);
   // Persistent: one CTA per SM; the row tiles are known only on the device.
   using namespace gemm;
-  if (cfg.wide)
+  if (cfg.wide && cfg.sorted)
+    launch_grouped_gemm<Sm90Fp8TmWideSorted>(l.map, l.args, device.sm_count, launch_smem_bytes<Sm90Fp8TmWideSorted>,
+                                             stream, pdl);
+  else if (cfg.sorted)
+    launch_grouped_gemm<Sm90Fp8TmTallSorted>(l.map, l.args, device.sm_count, launch_smem_bytes<Sm90Fp8TmTallSorted>,
+                                             stream, pdl);
+  else if (cfg.wide)
     launch_grouped_gemm<Sm90Fp8TmWide>(l.map, l.args, device.sm_count, launch_smem_bytes<Sm90Fp8TmWide>, stream, pdl);
   else
     launch_grouped_gemm<Sm90Fp8TmTall>(l.map, l.args, device.sm_count, launch_smem_bytes<Sm90Fp8TmTall>, stream, pdl);
@@ -100,6 +106,10 @@ TokensOnMLaunch make_tokens_on_m_launch(const GemmFp8Params& p, const TokensOnMC
     throw Error(who + "sizes exceed the kernel's 32-bit coordinates");
   if (p.expert_counts && p.combine != CombineMode::atomic)
     throw Error(who + "expert bins hold no sorted row index for the store epilogue: atomic combine only");
+  if (cfg.sorted && (p.expert_counts || !p.offsets))
+    throw Error(who + key(cfg) + " reads A by sorted row: the rows come from offsets, not expert bins");
+  if (cfg.sorted && p.x_rows % 4)
+    throw Error(who + "sorted activation rows must be padded to a multiple of 4, got " + std::to_string(p.x_rows));
   if (reinterpret_cast<uintptr_t>(p.x) % 16 || reinterpret_cast<uintptr_t>(p.x_scales) % 4)
     throw Error(who + "the activation rows must be 16-byte aligned");
   check_config_against_params(p, GemmConfig(cfg), who);

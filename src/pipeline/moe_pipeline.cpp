@@ -238,6 +238,7 @@ void run_stages(const Plan& p, const Weights& w, const Inputs& in, void* output,
     sq.codes = at<uint8_t>(workspace, L.act);
     sq.scales = at<float>(workspace, L.act_scales);
     sq.scale_layout = scale_layout(gc2);
+    sq.fragment_order = x_source(gc2) == XSource::sorted_fragments;
     if (!p.options.deterministic) {
       sq.zero_out = acc;
       sq.zero_count = int64_t(T) * s.hidden;

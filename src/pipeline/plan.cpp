@@ -68,6 +68,8 @@ Launches decide(const Shape& s, const Routing& r, const Options& o, const Device
     return fail(o.deterministic ? "reduces into the output: the deterministic combine needs a config that stores rows"
                                 : "stores route rows: the fast combine needs a config that reduces");
   const XSource xs = x_source(l.gemm);
+  if (xs == XSource::sorted_fragments)
+    return fail("reads the ffn intermediate's sorted rows in fragment order: ffn GEMM 2 only");
   c.sorted_rows = xs == XSource::sorted_rows;
   c.quant_with_route = from_logits && !c.sorted_rows;
   WeightsOnMConfig* wm = std::get_if<WeightsOnMConfig>(&l.gemm);
@@ -104,8 +106,9 @@ Launches decide(const Shape& s, const Routing& r, const Options& o, const Device
 
 // ffn: GEMM 1 is decided as a single-mode GEMM of N = 2I that stores rows (the intermediate needs
 // each sorted row's gate and up values, unweighted), from sorted-row offsets (no expert bins);
-// GEMM 2 reads the intermediate as expert-sorted rows, so it runs a weights-on-M config on sorted
-// rows, reducing into the fp32 accumulator (fast) or storing weighted rows (deterministic).
+// GEMM 2 reads the intermediate as expert-sorted rows: where the chooser takes tokens on M, their
+// sorted-row instance (the intermediate in fragment order), else weights on M on sorted rows;
+// reducing into the fp32 accumulator (fast) or storing weighted rows (deterministic).
 Launches decide_ffn(const Shape& s, const Routing& r, const Options& o, const DeviceInfo& dev,
                     const std::optional<GemmConfig>& override_config, int64_t tokens, bool from_logits) {
   Shape s1 = s;
@@ -124,16 +127,23 @@ Launches decide_ffn(const Shape& s, const Routing& r, const Options& o, const De
   p2.n = s.hidden;
   p2.k = s.inter;
   p2.deterministic = o.deterministic;
-  p2.allow_tokens_on_m = false;
-  WeightsOnMConfig g2 = std::get<WeightsOnMConfig>(choose_gemm_config(p2, dev));
-  g2.rows = WmRows::sorted;
-  g2.store = o.deterministic;
-  g2.dense = true;
-  g2.balanced = false;
-  g2.dynamic = true;
-  g2.warm_up = false;
-  if (g2.store) g2.split_k = 1;
-  l.gemm2 = g2;
+  const GemmConfig chosen = choose_gemm_config(p2, dev);
+  if (const auto* tm = std::get_if<TokensOnMConfig>(&chosen)) {
+    TokensOnMConfig g2 = *tm;
+    g2.sorted = true;
+    l.gemm2 = g2;
+  } else {
+    p2.allow_tokens_on_m = false;
+    WeightsOnMConfig g2 = std::get<WeightsOnMConfig>(choose_gemm_config(p2, dev));
+    g2.rows = WmRows::sorted;
+    g2.store = o.deterministic;
+    g2.dense = true;
+    g2.balanced = false;
+    g2.dynamic = true;
+    g2.warm_up = false;
+    if (g2.store) g2.split_k = 1;
+    l.gemm2 = g2;
+  }
   if (l.error.empty()) {
     try {
       validate(l.gemm2);

@@ -160,18 +160,23 @@ __device__ __forceinline__ UnitPos unit_position(const QuantGatherParams& p, uin
   return u;
 }
 
+// Octet lane sub's 16 codes of a 128-byte group in A-fragment order: its words 4 sub + i go to
+// fragment_word(4 sub + i) = 16 (sub / 4) + 4 i + sub % 4, so the octet's stores of each i fill
+// two 16-byte pieces.
+__device__ __forceinline__ void store_fragment_codes(uint8_t* group_bytes, uint4 codes) {
+  const int sub = int(threadIdx.x & 31u) & (kLanesPerUnit - 1);
+  uint32_t* group = reinterpret_cast<uint32_t*>(group_bytes) + 16 * (sub / 4) + sub % 4;
+  group[0] = codes.x;
+  group[4] = codes.y;
+  group[8] = codes.z;
+  group[12] = codes.w;
+}
+
 // Token order: this lane's 16 codes of unit u into row u.t, plain or in A-fragment order.
 __device__ __forceinline__ void store_token_order_codes(const QuantGatherParams& p, const UnitPos& u, uint4 codes) {
   uint8_t* row = p.a_sorted + int64_t(u.t) * p.hidden_dim;
   if (p.fragment_order) {
-    // Lane sub's words 4 sub + i go to fragment_word(4 sub + i) = 16 (sub / 4) + 4 i + sub % 4:
-    // the octet's stores of each i fill two 16-byte pieces.
-    const int sub = int(threadIdx.x & 31u) & (kLanesPerUnit - 1);
-    uint32_t* group = reinterpret_cast<uint32_t*>(row + int64_t(u.g) * 128) + 16 * (sub / 4) + sub % 4;
-    group[0] = codes.x;
-    group[4] = codes.y;
-    group[8] = codes.z;
-    group[12] = codes.w;
+    store_fragment_codes(row + int64_t(u.g) * 128, codes);
   } else {
     *reinterpret_cast<uint4*>(row + int64_t(u.c) * 16) = codes;
   }

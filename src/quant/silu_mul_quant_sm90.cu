@@ -70,7 +70,10 @@ __global__ void __launch_bounds__(kThreads) silu_mul_quant_kernel(const SiluMulQ
       for (int i = 0; i < 16; ++i) x[i] = 0.0f;  // amax-neutral
     }
     const quant_detail::UnitCodes q = quant_detail::quantize_values<false>(x);
-    if (active) *reinterpret_cast<uint4*>(p.codes + row * I + int64_t(c) * 16) = q.codes;
+    if (active && p.fragment_order)
+      quant_detail::store_fragment_codes(p.codes + row * I + int64_t(g) * 128, q.codes);
+    else if (active)
+      *reinterpret_cast<uint4*>(p.codes + row * I + int64_t(c) * 16) = q.codes;
     if (unit_ok && sub == 0) p.scales[scale_index(p.scale_layout, g, row, p.padded_rows)] = q.scale;
   }
 }
@@ -94,6 +97,9 @@ void check_silu_mul_quant(const SiluMulQuantParams& p) {
   if (!p.h || !p.offsets || !p.codes || !p.scales) throw Error(who + "null buffer");
   if (!aligned16(p.h) || !aligned16(p.codes) || (p.act && !aligned16(p.act)))
     throw Error(who + "h, codes and act must be 16-byte aligned");
+  if (p.fragment_order && p.inter % 128 != 0)
+    throw Error(who + "the A-fragment code order takes whole 128-groups: inter a multiple of 128, got " +
+                std::to_string(p.inter));
   if (p.padded_rows * ((int64_t(p.inter) + 127) / 128) > INT32_MAX) throw Error(who + "problem too large");
 }
 

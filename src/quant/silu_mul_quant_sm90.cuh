@@ -24,6 +24,9 @@ struct SiluMulQuantParams {
   uint8_t* codes = nullptr;          // [padded_rows, I] e4m3; 16-byte aligned
   float* scales = nullptr;           // scale_floats(ceil(I/128), padded_rows) fp32, laid out as scale_layout says
   ScaleLayout scale_layout = ScaleLayout::group_major;
+  // Each 128-byte group's words in wgmma A-fragment order (fragment_word), for the tokens-on-M GEMM
+  // reading sorted rows; inter a multiple of 128.
+  bool fragment_order = false;
   float* act = nullptr;              // optional [padded_rows, I] fp32: the values quantised (for tests)
   float* zero_out = nullptr;         // optional fp32 words to clear (GEMM 2's fast-combine accumulator)
   int64_t zero_count = 0;

@@ -215,6 +215,14 @@ TEST(GemmConfig, KeysRoundTrip) {
   EXPECT_EQ(key(preset(8192)), "tM.tall.s4.bulk.dyn.exl");
   EXPECT_EQ(key(preset(512, true)), "wM.res.s5.bulk.dyn.efw");
   EXPECT_EQ(key(preset(512)), "wM.sorted.s6.red.dense.dyn.efw");
+  // The ffn intermediate's tokens-on-M instances (A by sorted row).
+  for (const char* text : {"tM.tall.sorted.s4.bulk.dyn.exl", "tM.wide.sorted.s4.store.rr"}) {
+    const GemmConfig c = parse_gemm_key(text);
+    EXPECT_EQ(key(c), text);
+    EXPECT_EQ(x_source(c), XSource::sorted_fragments);
+    EXPECT_EQ(scale_layout(c), ScaleLayout::row_quads);
+    EXPECT_NE(describe(c).find("expert-sorted rows"), std::string::npos) << describe(c);
+  }
 }
 
 TEST(GemmConfig, BadKeysAreRejectedWithTheReason) {

@@ -103,9 +103,12 @@ void run_case(const GemmCase& c, CombineMode mode, uint64_t seed) {
   std::vector<uint8_t> x_frag(x.size(), 0x7f);
   const bool frag_ok = K % 128 == 0 && K >= kRegsRing * 128 && K <= kRegsMaxK;  // what the register-loaded kernel takes
   if (frag_ok) to_fragment_order(x.data(), Tp, K, x_frag.data());
+  // ... and the expert-sorted copy in fragment order (the ffn intermediate's layout).
+  std::vector<uint8_t> a_frag(a_sorted.size(), 0x7f);
+  if (frag_ok) to_fragment_order(a_sorted.data(), Rp, K, a_frag.data());
   DeviceBuffer dx = DeviceBuffer::from(x), dxs = DeviceBuffer::from(x_scales), dxf = DeviceBuffer::from(x_frag),
                dxsq = DeviceBuffer::from(x_scale_quads);
-  DeviceBuffer da = DeviceBuffer::from(a_sorted), das = DeviceBuffer::from(a_scales),
+  DeviceBuffer da = DeviceBuffer::from(a_sorted), daf = DeviceBuffer::from(a_frag), das = DeviceBuffer::from(a_scales),
                dasq = DeviceBuffer::from(a_scale_quads);
   DeviceBuffer doff = DeviceBuffer::from(d.offsets), dtok = DeviceBuffer::from(row_token),
                dwt = DeviceBuffer::from(row_weight);
@@ -133,12 +136,13 @@ void run_case(const GemmCase& c, CombineMode mode, uint64_t seed) {
   const DeviceInfo dev = *query_device();
   auto launch = [&](const GemmConfig& cfg, bool pdl = false) {
     const bool frag = x_source(cfg) == XSource::token_fragments;
+    const bool sorted_frag = x_source(cfg) == XSource::sorted_fragments;
     const bool gather = x_source(cfg) == XSource::gather_by_token || frag;
-    p.x = frag ? dxf.as<uint8_t>() : gather ? dx.as<uint8_t>() : da.as<uint8_t>();
+    p.x = sorted_frag ? daf.as<uint8_t>() : frag ? dxf.as<uint8_t>() : gather ? dx.as<uint8_t>() : da.as<uint8_t>();
     // Sorted rows under the hand-off epilogue read their scales in row quads; token fragments in
-    // either layout.
+    // either layout; sorted fragments in row quads (as the ffn intermediate's kernel writes them).
     const auto* wmc = std::get_if<WeightsOnMConfig>(&cfg);
-    const bool quads = (wmc && wmc->handoff) || (frag && frag_scale_quads);
+    const bool quads = (wmc && wmc->handoff) || (frag && frag_scale_quads) || sorted_frag;
     p.x_scale_layout = quads ? ScaleLayout::row_quads : ScaleLayout::group_major;
     p.x_scales = gather ? (quads ? dxsq.as<float>() : dxs.as<float>()) : quads ? dasq.as<float>() : das.as<float>();
     p.x_rows = gather ? Tp : Rp;
@@ -220,6 +224,22 @@ void run_case(const GemmCase& c, CombineMode mode, uint64_t seed) {
       frag_scale_quads = quads;
       SCOPED_TRACE(key(cfg) + (quads ? ", scales in row quads" : ", scales group-major"));
       got = launch(cfg, pdl);
+      const ErrorStats e = relative_error(got.data(), ref.data(), out_rows, N);
+      EXPECT_LE(e.overall, 2e-3);
+      EXPECT_LE(e.worst_row, 1e-2) << "worst " << (mode == CombineMode::atomic ? "token" : "sorted") << " row "
+                                   << e.worst_row_index;
+    }
+  // Token rows on M read by sorted row (the ffn intermediate's instances: A from the expert-sorted
+  // copy in fragment order, the combine by token), both tile shapes.
+  if (frag_ok)
+    for (const bool wide : {false, true}) {
+      if (wide && K % 256 != 0) continue;
+      TokensOnMConfig cfg;
+      cfg.wide = wide;
+      cfg.sorted = true;
+      cfg.store = mode == CombineMode::store;
+      SCOPED_TRACE(key(cfg));
+      got = launch(cfg, true);
       const ErrorStats e = relative_error(got.data(), ref.data(), out_rows, N);
       EXPECT_LE(e.overall, 2e-3);
       EXPECT_LE(e.worst_row, 1e-2) << "worst " << (mode == CombineMode::atomic ? "token" : "sorted") << " row "

@@ -28,9 +28,11 @@ uint32_t bits(float x) {
   return b;
 }
 
-void run_case(int64_t rows, int64_t padded, int inter, int experts, ScaleLayout layout, uint64_t seed) {
+void run_case(int64_t rows, int64_t padded, int inter, int experts, ScaleLayout layout, uint64_t seed,
+              bool fragment_order = false) {
   SCOPED_TRACE(testing::Message() << "rows=" << rows << " of " << padded << " I=" << inter << " E=" << experts
-                                  << (layout == ScaleLayout::row_quads ? " row quads" : " group-major"));
+                                  << (layout == ScaleLayout::row_quads ? " row quads" : " group-major")
+                                  << (fragment_order ? ", fragment order" : ""));
   Rng rng(seed);
   const int64_t I = inter, G = (I + 127) / 128;
   // GEMM-1 rows: normal values of a few magnitudes; one row's gates far negative (e^-g overflows),
@@ -57,6 +59,7 @@ void run_case(int64_t rows, int64_t padded, int inter, int experts, ScaleLayout 
   p.codes = codes.as<uint8_t>();
   p.scales = scales.as<float>();
   p.scale_layout = layout;
+  p.fragment_order = fragment_order;
   p.act = act.as<float>();
   p.zero_out = zero.as<float>();
   p.zero_count = 999;  // not a multiple of 4: the tail too
@@ -83,6 +86,10 @@ void run_case(int64_t rows, int64_t padded, int inter, int experts, ScaleLayout 
   std::vector<uint8_t> want_codes(size_t(rows * I));
   std::vector<float> want_scales(size_t(rows * G));
   quantize_1x128_ref(got_act.data(), rows, I, want_codes.data(), want_scales.data());
+  if (fragment_order) {
+    std::vector<uint8_t> plain = want_codes;
+    to_fragment_order(plain.data(), rows, I, want_codes.data());
+  }
   int64_t code_bad = 0, scale_bad = 0;
   for (int64_t r = 0; r < rows; ++r) {
     for (int64_t c = 0; c < I; ++c)
@@ -115,6 +122,9 @@ TEST(SiluMulQuantGpu, ActWithinUlpsCodesAndScalesBitForBit) {
     run_case(300, 512, 208, 16, layout, seed + 2);  // 128 + 80; most padded rows unused
     run_case(64, 64, 1536, 4, layout, seed + 3);  // 12 groups: three row quads
   }
+  // In A-fragment order (the tokens-on-M GEMM reading sorted rows), as the pipeline runs it.
+  run_case(1021, 1024, 512, 8, ScaleLayout::row_quads, seed + 4, true);
+  run_case(300, 512, 384, 16, ScaleLayout::row_quads, seed + 5, true);
 }
 
 TEST(SiluMulQuantGpu, NoValidRowsWritesNoRowButClears) {

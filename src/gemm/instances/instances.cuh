@@ -33,6 +33,9 @@ using Sm90Fp8WmResident = ResidentKernel;
 // Tokens on M: 128 x 128 tiles, A from the fragment ring; and 64 x 256 tiles.
 using Sm90Fp8TmTall = TokensOnMKernel<false>;
 using Sm90Fp8TmWide = TokensOnMKernel<true>;
+// ... A by expert-sorted row (the ffn intermediate, fragment order), combined by token.
+using Sm90Fp8TmTallSorted = TokensOnMKernel<false, tokens_on_m::NoProbe, true>;
+using Sm90Fp8TmWideSorted = TokensOnMKernel<true, tokens_on_m::NoProbe, true>;
 
 #define LOOM_GEMM_INSTANCE(Kernel)                                                                     \
   template void launch_grouped_gemm<Kernel>(const typename Kernel::Maps&, const typename Kernel::Args&, int, size_t, \
@@ -47,5 +50,7 @@ LOOM_GEMM_INSTANCE_EXTERN(Sm90Fp8WmSortedHandoff);
 LOOM_GEMM_INSTANCE_EXTERN(Sm90Fp8WmResident);
 LOOM_GEMM_INSTANCE_EXTERN(Sm90Fp8TmTall);
 LOOM_GEMM_INSTANCE_EXTERN(Sm90Fp8TmWide);
+LOOM_GEMM_INSTANCE_EXTERN(Sm90Fp8TmTallSorted);
+LOOM_GEMM_INSTANCE_EXTERN(Sm90Fp8TmWideSorted);
 
 }  // namespace loom::gemm

@@ -7,7 +7,8 @@
 //   units        (expert, row tile, weight block(s)): consecutive units share a row tile, then an
 //                expert, so CTAs running together read the same lines; round robin, the last round
 //                from the work queue
-// Instances: tall (128 x 128) and wide (64 x 256) tiles.
+// Instances: tall (128 x 128) and wide (64 x 256) tiles, A rows by token (the token-order codes) or
+// by sorted row (kSortedRows: the ffn intermediate; the combine still goes by token).
 #pragma once
 
 #include <cuda.h>
@@ -90,7 +91,7 @@ struct Unit {
 
 }  // namespace tokens_on_m
 
-template <bool kWide, class Probe = tokens_on_m::NoProbe>
+template <bool kWide, class Probe = tokens_on_m::NoProbe, bool kSortedRows = false>
 struct TokensOnMKernel {
   using Maps = CUtensorMap;
   using Args = TokensOnMArgs;
@@ -177,7 +178,7 @@ struct TokensOnMKernel {
             if (lane == 0) m.rows = -1;
           });
     } else if (threadIdx.x / 32 == 2) {
-      tokens_on_m::produce_scales<kWide>(s, a);
+      tokens_on_m::produce_scales<kWide, kSortedRows>(s, a);
     } else if (threadIdx.x / 32 == 3 && a.atomic) {
       tokens_on_m::drain_staged_blocks<Probe>(s.epi, a);
     }
@@ -254,6 +255,13 @@ struct TokensOnMKernel {
     MetaCursor mc;
     // This warpgroup's first row in a tile, and its rows of a unit (<= 0: none).
     const int row_base = kWide ? 0 : 64 * consumer;
+    // The A row of the unit's row r (-1: none): its token, or with kSortedRows its sorted row.
+    auto a_row = [](const UnitRecord& m, int r) {
+      if constexpr (kSortedRows)
+        return r < m.rows ? m.row0 + r : -1;
+      else
+        return r < m.rows ? m.token[r] : -1;
+    };
     auto wg_rows_of = [&](const UnitRecord& m) { return min(64, m.rows - row_base); };
     static_assert(kRingT <= kRing, "the ring's slots in shared memory");
     ptx::mbar_wait(&s.meta.full[mc.stage], mc.phase);
@@ -265,8 +273,7 @@ struct TokensOnMKernel {
       if (wg_rows_of(m) > 0)
 #pragma unroll
         for (int i = 0; i < kRingT; ++i) {
-          copy_block(s, i, consumer, wg_thread, a, row_base + row_a < m.rows ? m.token[row_base + row_a] : -1,
-                     row_base + row_b < m.rows ? m.token[row_base + row_b] : -1, q, i);
+          copy_block(s, i, consumer, wg_thread, a, a_row(m, row_base + row_a), a_row(m, row_base + row_b), q, i);
           ptx::cp_async_commit();
         }
     }
@@ -280,8 +287,8 @@ struct TokensOnMKernel {
       ptx::mbar_wait(&s.meta.full[mc.stage], mc.phase);
       const UnitRecord& next = s.meta.rec[mc.stage];
       const bool next_has_rows = next.rows >= 0 && wg_rows_of(next) > 0;
-      const int next_tok_a = row_base + row_a < next.rows ? next.token[row_base + row_a] : -1;
-      const int next_tok_b = row_base + row_b < next.rows ? next.token[row_base + row_b] : -1;
+      const int next_tok_a = a_row(next, row_base + row_a);
+      const int next_tok_b = a_row(next, row_base + row_b);
       const int wg_rows = wg_rows_of(m);
       if (wg_rows <= 0) {
         // No rows here (the expert's last tile is at most half full): keep the stage ring in step.
@@ -302,8 +309,8 @@ struct TokensOnMKernel {
         Probe::add(ph, kPhIdleUnits, 1u);
         continue;
       }
-      const int tok_a = row_base + row_a < m.rows ? m.token[row_base + row_a] : -1;
-      const int tok_b = row_base + row_b < m.rows ? m.token[row_base + row_b] : -1;
+      const int tok_a = a_row(m, row_base + row_a);
+      const int tok_b = a_row(m, row_base + row_b);
       float final_acc[64], acc[64];
 #pragma unroll
       for (int i = 0; i < 64; ++i) final_acc[i] = 0.0f;

@@ -49,11 +49,12 @@ __device__ __forceinline__ void copy_block(S& s, int slot, int consumer, int wg_
 }
 
 // Producer warp 2: each stage's activation scales of the tile's rows, each lane then arriving on
-// the stage's full barrier. A row's scale of block kb: group-major at kb x_rows + token; in row
+// the stage's full barrier (kSortedRows: rows by sorted index, m.row0 + i, instead of by token;
+// padding rows read row 0's). A row's scale of block kb: group-major at kb x_rows + token; in row
 // quads at (kb / 4 x_rows + token) 4 + kb % 4, where the quad's other three blocks share its
 // sector, which the L1-cached loads keep for the next three stages (the tile's tokens are
 // scattered: group-major, every stage's scale is a sector of its own from L2).
-template <bool kWide, class S, class A>
+template <bool kWide, bool kSortedRows, class S, class A>
 __device__ __forceinline__ void produce_scales(S& s, const A& a) {
   using Sh = TileShape<kWide>;
   const int lane = threadIdx.x % 32;
@@ -66,7 +67,13 @@ __device__ __forceinline__ void produce_scales(S& s, const A& a) {
     const int tok_stride = a.scales_in_quads ? 4 : 1;
     int tok[Sh::kRows / 32];
 #pragma unroll
-    for (int i = 0; i < Sh::kRows / 32; ++i) tok[i] = m.token[lane + 32 * i] * tok_stride;
+    for (int i = 0; i < Sh::kRows / 32; ++i) {
+      const int r = lane + 32 * i;
+      if constexpr (kSortedRows)
+        tok[i] = (r < m.rows ? m.row0 + r : 0) * tok_stride;
+      else
+        tok[i] = m.token[r] * tok_stride;
+    }
     ptx::mbar_arrive(&s.meta.empty[mc.stage]);
     for (int kb = 0; kb < a.kblocks; ++kb) {
       const float* src = a.scales_in_quads ? a.x_scales + int64_t(kb / 4) * a.x_rows * 4 + kb % 4

@@ -69,7 +69,8 @@ std::string key(const GemmConfig& config) {
                                  (c.weights_evict_first ? ".efw" : "");
                         },
                         [](const TokensOnMConfig& c) {
-                          return std::string("tM.") + (c.wide ? "wide" : "tall") + ".s4" + (c.store ? ".store" : ".bulk") +
+                          return std::string("tM.") + (c.wide ? "wide" : "tall") + (c.sorted ? ".sorted" : "") + ".s4" +
+                                 (c.store ? ".store" : ".bulk") +
                                  (c.dynamic ? ".dyn" : ".rr") + (c.weights_evict_first ? ".efw" : "") +
                                  (c.x_evict_last ? ".exl" : "");
                         }},
@@ -81,7 +82,7 @@ GemmConfig parse_gemm_key(const std::string& text) {
   auto bad = [&](const std::string& why) -> Error {
     return Error("GEMM config '" + text + "': " + why +
                  " (keys read wM.<gather|early|bins|sorted>.s<N>[.ho].<red|store>.<dense|compact>[.bal|.k<N>][.dyn]"
-                 "[.efw][.exf][.warm], wM.res.s5.bulk.<dyn|rr>[.efw], tM.<tall|wide>.s4.<bulk|store>.<dyn|rr>"
+                 "[.efw][.exf][.warm], wM.res.s5.bulk.<dyn|rr>[.efw], tM.<tall|wide>[.sorted].s4.<bulk|store>.<dyn|rr>"
                  "[.efw][.exl])");
   };
   size_t i = 0;
@@ -144,7 +145,12 @@ GemmConfig parse_gemm_key(const std::string& text) {
     const std::string tile = next();
     if (tile != "tall" && tile != "wide") throw bad("expected tall or wide, got '" + tile + "'");
     c.wide = tile == "wide";
-    if (next() != "s4") throw bad("the tokens-on-M kernels have 4 stages");
+    std::string stages = next();
+    if (stages == "sorted") {
+      c.sorted = true;
+      stages = next();
+    }
+    if (stages != "s4") throw bad("the tokens-on-M kernels have 4 stages");
     const std::string epi = next();
     if (epi != "bulk" && epi != "store") throw bad("expected bulk or store, got '" + epi + "'");
     c.store = epi == "store";
@@ -236,7 +242,8 @@ std::string describe(const GemmConfig& config) {
           [](const TokensOnMConfig& c) {
             return std::string("tokens on M: ") +
                    (c.wide ? "64 rows x 256 weight rows" : "128 rows x 128 weight rows") +
-                   " tiles, A fragments from a shared-memory ring, 4 stages, " +
+                   " tiles, A fragments" + (c.sorted ? " of expert-sorted rows" : "") +
+                   " from a shared-memory ring, 4 stages, " +
                    (c.dynamic ? "last round from the queue" : "round robin") + ", " +
                    (c.store ? "route rows stored" : "combine by bulk reductions") +
                    (c.weights_evict_first ? ", weights L2 evict-first" : "") +
@@ -246,7 +253,8 @@ std::string describe(const GemmConfig& config) {
 }
 
 XSource x_source(const GemmConfig& config) {
-  if (std::holds_alternative<TokensOnMConfig>(config)) return XSource::token_fragments;
+  if (const auto* c = std::get_if<TokensOnMConfig>(&config))
+    return c->sorted ? XSource::sorted_fragments : XSource::token_fragments;
   if (const auto* c = std::get_if<WeightsOnMConfig>(&config); c && c->rows == WmRows::sorted)
     return XSource::sorted_rows;
   return XSource::gather_by_token;

@@ -52,6 +52,7 @@ struct ResidentConfig {
 
 struct TokensOnMConfig {
   bool wide = false;    // 64 x 256 tiles instead of 128 x 128
+  bool sorted = false;  // A: expert-sorted rows in fragment order, read by sorted row (ffn GEMM 2)
   bool store = false;   // deterministic combine: route rows instead of bulk reductions
   bool dynamic = true;  // the last round of units from the work queue
   bool weights_evict_first = false;
