@@ -22,7 +22,10 @@ constexpr int kWidthCount = gemm::kWidthCount, kScaleAlign = gemm::kScaleAlign;
 // What every config asks of its parameters: the combine it writes, the scale layout it reads, its
 // work queue; and what every kernel asks: experts within the tables, the pointers, the bins' stride.
 void check_config_against_params(const GemmFp8Params& p, const GemmConfig& cfg, const std::string& who) {
-  if (combine_stores_rows(cfg) != (p.combine == CombineMode::store))
+  // The SiLU*up epilogue writes the intermediate (GemmFp8Params::act), neither out nor a combine.
+  const auto* tm = std::get_if<TokensOnMConfig>(&cfg);
+  const bool act = tm && tm->act;
+  if (!act && combine_stores_rows(cfg) != (p.combine == CombineMode::store))
     throw Error(who + key(cfg) + (combine_stores_rows(cfg) ? " stores route rows" : " reduces into the output") +
                 "; GemmFp8Params::combine says otherwise");
   // (The tokens-on-M kernels read either layout: row quads where the pipeline runs them.)
@@ -34,7 +37,7 @@ void check_config_against_params(const GemmFp8Params& p, const GemmConfig& cfg, 
   if (p.experts <= 0 || p.experts > kGpuMaxExperts)
     throw Error(who + "experts must be in [1, " + std::to_string(kGpuMaxExperts) + "]");
   if (!p.weights || !p.weight_scales || !p.x || !p.x_scales || !(p.offsets || p.expert_counts) || !p.row_token ||
-      !p.out)
+      (!p.out && !act))
     throw Error(who + "null device pointer");
   if (p.expert_counts && (p.expert_stride <= 0 || int64_t(p.experts) * p.expert_stride >= (int64_t(1) << 31)))
     throw Error(who + "expert bins need a positive stride with experts * stride below 2^31, got stride " +
@@ -47,7 +50,10 @@ void launch_gemm_fp8_tokens_on_m(const GemmFp8Params& p, const TokensOnMConfig& 
   const gemm::TokensOnMLaunch l = gemm::make_tokens_on_m_launch(p, cfg);
   // Persistent: one CTA per SM; the row tiles are known only on the device.
   using namespace gemm;
-  if (cfg.wide && cfg.sorted)
+  if (cfg.act)
+    launch_grouped_gemm<Sm90Fp8TmWideAct>(l.map, l.args, device.sm_count, launch_smem_bytes<Sm90Fp8TmWideAct>, stream,
+                                          pdl);
+  else if (cfg.wide && cfg.sorted)
     launch_grouped_gemm<Sm90Fp8TmWideSorted>(l.map, l.args, device.sm_count, launch_smem_bytes<Sm90Fp8TmWideSorted>,
                                              stream, pdl);
   else if (cfg.sorted)
@@ -114,11 +120,35 @@ TokensOnMLaunch make_tokens_on_m_launch(const GemmFp8Params& p, const TokensOnMC
     throw Error(who + "the activation rows must be 16-byte aligned");
   check_config_against_params(p, GemmConfig(cfg), who);
   TokensOnMLaunch l;
-  l.args = TokensOnMArgs{p.x, p.x_scales, p.x_rows, p.x_scale_layout == ScaleLayout::row_quads ? 1 : 0,
+  static_cast<TokensOnMArgs&>(l.args) = TokensOnMArgs{p.x, p.x_scales, p.x_rows, p.x_scale_layout == ScaleLayout::row_quads ? 1 : 0,
                          p.weight_scales, p.offsets, p.expert_counts, p.expert_stride, p.row_token, p.row_weight,
                          p.out, p.experts, p.n, p.k, (p.n + tm::kTileCols - 1) / tm::kTileCols, p.k / tm::kBlockK,
                          p.combine == CombineMode::atomic ? 1 : 0, cfg.weights_evict_first ? 1 : 0,
                          cfg.x_evict_last ? 1 : 0, cfg.dynamic ? p.work_queue : nullptr};
+  if (cfg.act) {
+    const GemmFp8Params::Intermediate& m = p.act;
+    const int64_t blocks = (int64_t(m.inter) + tm::kTileCols - 1) / tm::kTileCols;
+    if (m.inter <= 0 || m.inter % 16 || p.n != 2 * m.inter)
+      throw Error(who + key(cfg) + " runs w13: N = 2 inter with inter a positive multiple of 16, got N=" +
+                  std::to_string(p.n) + ", inter=" + std::to_string(m.inter));
+    if (!m.codes || !m.scales || m.rows <= 0 || m.rows % 4 || !p.offsets || p.expert_counts)
+      throw Error(who + key(cfg) + " writes the intermediate's sorted rows: codes, scales, padded rows (a multiple "
+                  "of 4) and offsets needed");
+    if (m.fragment_order && m.inter % tm::kTileCols)
+      throw Error(who + "the intermediate in fragment order takes inter a multiple of 128");
+    if (reinterpret_cast<uintptr_t>(m.codes) % 16 || (m.values && reinterpret_cast<uintptr_t>(m.values) % 8))
+      throw Error(who + "the intermediate's codes must be 16-byte and its values 8-byte aligned");
+    l.args.nblocks = int(2 * blocks);  // w13's scales: the gate segment's blocks, then the up segment's
+    l.args.atomic = 0;
+    l.args.act_codes = m.codes;
+    l.args.act_scales = m.scales;
+    l.args.act_values = m.values;
+    l.args.act_rows = m.rows;
+    l.args.act_quads = m.scale_layout == ScaleLayout::row_quads ? 1 : 0;
+    l.args.act_fragments = m.fragment_order ? 1 : 0;
+    l.args.inter = m.inter;
+    l.args.inter_blocks = int(blocks);
+  }
   // L2 fetches exactly the 128-byte line of each box row it misses on: widened to 256 bytes (the
   // usual promotion) the weight stream ran slower.
   l.map = make_tensor_map_2d(p.weights, CU_TENSOR_MAP_DATA_TYPE_UINT8, 1, uint64_t(p.experts) * p.n, p.k, p.k,

@@ -80,6 +80,17 @@ struct GemmFp8Params {
   int early_routes = 0;
   int experts = 0, n = 0, k = 0;
   CombineMode combine = CombineMode::atomic;
+  // The SiLU*up epilogue (TokensOnMConfig::act, ffn GEMM 1 with N = 2I on w13): writes the
+  // intermediate instead of out (not read); combine as the fused config says (store).
+  struct Intermediate {
+    uint8_t* codes = nullptr;   // [rows, inter] e4m3, plain or in A-fragment order
+    float* scales = nullptr;    // scale_floats(ceil(inter/128), rows), laid out as scale_layout says
+    int64_t rows = 0;           // the padded sorted rows (GEMM 2's x_rows)
+    ScaleLayout scale_layout = ScaleLayout::group_major;
+    bool fragment_order = false;  // inter a multiple of 128
+    int inter = 0;              // I: N = 2I
+    float* values = nullptr;    // optional [rows, inter] fp32: the act values quantised (tests)
+  } act;
 };
 
 // The most rows of one expert the resident-rows kernel holds in shared memory over all of K (a

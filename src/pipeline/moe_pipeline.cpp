@@ -136,15 +136,19 @@ void run_stages(const Plan& p, const Weights& w, const Inputs& in, void* output,
   qp.scale_layout = scale_layout(gc);
   qp.fragment_order = x_source(gc) == XSource::token_fragments;
   // The fast combine accumulates into the output: clear it here, ordered before the GEMM (ffn: GEMM
-  // 1 stores rows; the intermediate's kernel clears GEMM 2's accumulator).
-  qp.zero_out = p.options.deterministic || ffn ? nullptr : static_cast<float*>(output);
-  qp.zero_cols = s.inter;
+  // 1 stores rows, and the intermediate's kernel clears GEMM 2's accumulator; where GEMM 1 computes
+  // the intermediate itself, the accumulator is cleared here too).
+  const bool act_in_gemm1 = ffn && fused_act(gc);
+  qp.zero_out = p.options.deterministic || (ffn && !act_in_gemm1) ? nullptr
+                : act_in_gemm1                                    ? at<float>(workspace, L.acc)
+                                                                  : static_cast<float*>(output);
+  qp.zero_cols = ffn ? s.hidden : s.inter;
   // The GEMM's work queue resets itself at the end of every launch; the kernel before the GEMM
   // zeroes it once more (its generic word clear), so no run depends on how the previous one ended.
   int32_t* gemm_queue = at<int32_t>(workspace, L.gemm_queue);
-  if (uses_work_queue(gc)) {
+  if (uses_work_queue(gc) || act_in_gemm1) {
     qp.zero_words = gemm_queue;
-    qp.zero_word_count = kWorkQueueWords;
+    qp.zero_word_count = act_in_gemm1 ? 2 * kWorkQueueWords : kWorkQueueWords;  // GEMM 2's beside it
   }
 
   // The chain. Token order: from logits, routing and quantisation share one launch (small softmax
@@ -207,6 +211,16 @@ void run_stages(const Plan& p, const Weights& w, const Inputs& in, void* output,
     gp.out = at<float>(workspace, L.h);
     gp.n = int(2 * s.inter);
     gp.combine = CombineMode::store;
+    if (act_in_gemm1) {  // ... or the intermediate itself, as GEMM 2 reads it
+      const GemmConfig& gc2 = launches.gemm2;
+      gp.out = nullptr;
+      gp.act.codes = at<uint8_t>(workspace, L.act);
+      gp.act.scales = at<float>(workspace, L.act_scales);
+      gp.act.rows = padded_rows(int64_t(T) * k);
+      gp.act.scale_layout = scale_layout(gc2);
+      gp.act.fragment_order = x_source(gc2) == XSource::sorted_fragments;
+      gp.act.inter = int(s.inter);
+    }
   }
   gp.work_queue = uses_work_queue(gc) ? gemm_queue : nullptr;
   gp.hit_list = hit_list;
@@ -248,7 +262,7 @@ void run_stages(const Plan& p, const Weights& w, const Inputs& in, void* output,
       sq.zero_words = queue2;
       sq.zero_word_count = kWorkQueueWords;
     }
-    if (do_act) launch_silu_mul_quant(sq, p.sm_count, stream, pdl);
+    if (do_act && !act_in_gemm1) launch_silu_mul_quant(sq, p.sm_count, stream, pdl);
 
     gp2.weights = static_cast<const uint8_t*>(w.w2);
     gp2.weight_scales = w.w2_scales;

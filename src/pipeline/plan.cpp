@@ -119,6 +119,20 @@ Launches decide_ffn(const Shape& s, const Routing& r, const Options& o, const De
   o1.expert_bins = false;
   Launches l = decide(s1, r, o1, dev, override_config, tokens, from_logits);
   l.ffn = true;
+  // Where GEMM 1 runs on token tiles, it computes the intermediate in its epilogue (wide tiles of a
+  // gate block and its up block), where K = H allows wide tiles.
+  if (const auto* tm = std::get_if<TokensOnMConfig>(&l.gemm); tm && !override_config && l.error.empty()) {
+    TokensOnMConfig fused = *tm;
+    fused.wide = true;
+    fused.act = true;
+    fused.store = false;
+    try {
+      check_shape(fused, 2 * s.inter, s.hidden, s.experts, tokens);
+      l.gemm = fused;
+    } catch (const Error&) {
+      // K not a multiple of 256: the composed path (rows stored, then the intermediate's kernel)
+    }
+  }
   l.combine_rows = o.deterministic;
   GemmProblem p2;
   p2.tokens = tokens;
@@ -289,7 +303,9 @@ Plan plan(const Shape& s, const Routing& r, const Options& o, const DeviceSpec& 
   L.x_scales = carve(c, size_t(scale_floats(quant_blocks(K), x_rows)) * 4);  // either layout
   // Stored rows: single mode's deterministic combine, ffn GEMM 2's (N = H there).
   L.y = carve(c, o.deterministic ? size_t(R) * size_t(ffn ? s.hidden : N) * 4 : 0);
-  L.gemm_queue = carve(c, 2 * sizeof(int32_t));  // the GEMM's work queue (scheduler/work_queue.cuh)
+  // The GEMM's work queue (scheduler/work_queue.cuh), and beside it ffn GEMM 2's, so that one clear
+  // of 2 kWorkQueueWords words resets both.
+  L.gemm_queue = carve(c, 2 * kWorkQueueWords * sizeof(int32_t));
   L.hit_list = carve(c, size_t(s.experts + 1) * 16);  // experts with rows, from the fused small kernel
   L.early_ids = carve(c, size_t(kEarlyIdWords) * 4);  // ... and the routes' ids as soon as ranked
   L.token_masks = carve(c, size_t((T + 31) / 32) * size_t(s.experts) * 4);  // routing -> dispatch+quantise
@@ -303,7 +319,7 @@ Plan plan(const Shape& s, const Routing& r, const Options& o, const DeviceSpec& 
   L.h = carve(c, ffn ? size_t(Rp) * size_t(N) * 4 : 0);
   L.act = carve(c, ffn ? size_t(Rp) * size_t(s.inter) : 0);
   L.act_scales = carve(c, ffn ? size_t(scale_floats(quant_blocks(s.inter), Rp)) * 4 : 0);  // either layout
-  L.gemm2_queue = carve(c, ffn ? 2 * sizeof(int32_t) : 0);
+  L.gemm2_queue = L.gemm_queue + kWorkQueueWords * sizeof(int32_t);
   L.acc = carve(c, ffn ? size_t(T) * size_t(s.hidden) * 4 : 0);
   L.total = c;
   L.x_rows = x_rows;
@@ -351,7 +367,7 @@ std::string Launches::summary(bool from_logits) const {
   if (chain.sorted_rows && !chain.dispatch_with_quant) add("quant(sorted)");
   add((ffn ? "gemm1 " : "gemm ") + key(gemm));
   if (ffn) {
-    add("silu*up+quant");
+    if (!fused_act(gemm)) add("silu*up+quant");
     add("gemm2 " + key(gemm2));
   }
   if (combine_rows) add("combine");

@@ -9,6 +9,16 @@ __device__ __forceinline__ void named_barrier_sync(uint32_t id, uint32_t threads
   asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(threads) : "memory");
 }
 
+// Named barrier met by warps from different code paths (barrier.sync without .aligned): e.g. two
+// warpgroups handing a block over in shared memory, one arriving after its reads
+// (named_barrier_arrive), the other waiting.
+__device__ __forceinline__ void named_barrier_sync_unaligned(uint32_t id, uint32_t threads) {
+  asm volatile("barrier.sync %0, %1;" ::"r"(id), "r"(threads) : "memory");
+}
+__device__ __forceinline__ void named_barrier_arrive(uint32_t id, uint32_t threads) {
+  asm volatile("barrier.arrive %0, %1;" ::"r"(id), "r"(threads) : "memory");
+}
+
 // CTA-wide barrier that threads may reach at different instructions: barrier.sync without .aligned
 // (__syncthreads is the .aligned form, which every thread must reach at the same instruction). For
 // roles that meet from different code paths, such as a producer's warm-up and the consumers.

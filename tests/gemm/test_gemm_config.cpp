@@ -236,7 +236,7 @@ TEST(GemmConfig, BadKeysAreRejectedWithTheReason) {
                         Case{"wM.gather.s8.ho.red.dense", "hand-off"}, Case{"wM.gather.s8.red.dense.dyn", "dynamic"},
                         Case{"wM.sorted.s6.store.dense.bal", "red combine"}, Case{"wM.bins.s8.red.dense", "compact"},
                         Case{"wM.res.s4.bulk.dyn", "5 stages"}, Case{"tM.huge.s4.bulk.dyn", "tall or wide"},
-                        Case{"tM.tall.s4.red.dyn", "bulk or store"}, Case{"wM.gather.s8.red.compact.k3.bal", "two walks"}}) {
+                        Case{"tM.tall.s4.red.dyn", "bulk, store or act"}, Case{"tM.tall.s4.act.dyn", "wide tiles"}, Case{"wM.gather.s8.red.compact.k3.bal", "two walks"}}) {
     SCOPED_TRACE(c.key);
     try {
       (void)parse_gemm_key(c.key);

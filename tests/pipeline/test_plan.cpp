@@ -43,7 +43,7 @@ void check_plan(const Plan& p) {
       EXPECT_EQ(key(parse_gemm_key(key(l.gemm))), key(l.gemm));
       EXPECT_EQ(l.ffn, p.shape.mode == Mode::ffn);
       if (l.ffn) {  // GEMM 1 stores each sorted row; GEMM 2 reads the intermediate's sorted rows
-        EXPECT_TRUE(combine_stores_rows(l.gemm));
+        EXPECT_TRUE(combine_stores_rows(l.gemm) || fused_act(l.gemm));
         EXPECT_FALSE(l.chain.expert_bins);
         EXPECT_EQ(key(parse_gemm_key(key(l.gemm2))), key(l.gemm2));
         EXPECT_EQ(combine_stores_rows(l.gemm2), p.options.deterministic);

@@ -36,6 +36,8 @@ using Sm90Fp8TmWide = TokensOnMKernel<true>;
 // ... A by expert-sorted row (the ffn intermediate, fragment order), combined by token.
 using Sm90Fp8TmTallSorted = TokensOnMKernel<false, tokens_on_m::NoProbe, true>;
 using Sm90Fp8TmWideSorted = TokensOnMKernel<true, tokens_on_m::NoProbe, true>;
+// ... 64 x (gate block + up block) tiles, the epilogue SiLU(gate)*up requantised (ffn GEMM 1).
+using Sm90Fp8TmWideAct = TokensOnMKernel<true, tokens_on_m::NoProbe, false, true>;
 
 #define LOOM_GEMM_INSTANCE(Kernel)                                                                     \
   template void launch_grouped_gemm<Kernel>(const typename Kernel::Maps&, const typename Kernel::Args&, int, size_t, \
@@ -52,5 +54,6 @@ LOOM_GEMM_INSTANCE_EXTERN(Sm90Fp8TmTall);
 LOOM_GEMM_INSTANCE_EXTERN(Sm90Fp8TmWide);
 LOOM_GEMM_INSTANCE_EXTERN(Sm90Fp8TmTallSorted);
 LOOM_GEMM_INSTANCE_EXTERN(Sm90Fp8TmWideSorted);
+LOOM_GEMM_INSTANCE_EXTERN(Sm90Fp8TmWideAct);
 
 }  // namespace loom::gemm

@@ -17,6 +17,7 @@
 #include <type_traits>
 
 #include "diag/chain_trace.cuh"
+#include "gemm/epilogue/act_quant.cuh"
 #include "gemm/epilogue/combine_staged.cuh"
 #include "gemm/kernel/grouped_gemm_sm90.cuh"
 #include "gemm/mainloop/fp8_tokens_on_m.cuh"
@@ -50,11 +51,22 @@ struct TokensOnMArgs {
   int32_t* queue;           // dynamic tail (TokensOnMConfig::dynamic): the work queue; nullptr: round robin
 };
 
+// The SiLU*up epilogue's instance (kAct; GemmFp8Params::act): units are (row tile, I block); weight
+// rows gate block b and up block b (rows inter + 128 b), scales blocks b and inter_blocks + b. A
+// type of its own, so the other instances' parameters stay as they are.
+struct TokensOnMActArgs : TokensOnMArgs {
+  uint8_t* act_codes;
+  float* act_scales;
+  float* act_values;  // optional (tests)
+  int64_t act_rows;
+  int act_quads, act_fragments, inter, inter_blocks;
+};
+
 // Host: the tensor map and arguments of a tokens-on-M launch, after every check of what the kernel
 // takes (loom::Error otherwise). The product's launcher and the lab's profiled instance use it.
 struct TokensOnMLaunch {
   CUtensorMap map;
-  TokensOnMArgs args;
+  TokensOnMActArgs args;  // the other instances take its TokensOnMArgs part
 };
 TokensOnMLaunch make_tokens_on_m_launch(const GemmFp8Params& p, const TokensOnMConfig& cfg);
 
@@ -91,10 +103,11 @@ struct Unit {
 
 }  // namespace tokens_on_m
 
-template <bool kWide, class Probe = tokens_on_m::NoProbe, bool kSortedRows = false>
+template <bool kWide, class Probe = tokens_on_m::NoProbe, bool kSortedRows = false, bool kAct = false>
 struct TokensOnMKernel {
+  static_assert(!kAct || (kWide && !kSortedRows), "the SiLU*up epilogue: wide tiles of token-order rows");
   using Maps = CUtensorMap;
-  using Args = TokensOnMArgs;
+  using Args = std::conditional_t<kAct, TokensOnMActArgs, TokensOnMArgs>;
   using Params = ParamRefs<Maps, Args>;
   using SharedStorage = tokens_on_m::Storage;
   using Sh = tokens_on_m::TileShape<kWide>;
@@ -111,13 +124,14 @@ struct TokensOnMKernel {
   };
 
   static __device__ __forceinline__ int unit_columns(const Args& a) {  // units per row tile
+    if constexpr (kAct) return a.inter_blocks;  // a gate block and its up block each
     return (a.nblocks + Sh::kBlocks - 1) / Sh::kBlocks;
   }
   static __device__ __forceinline__ Unit decode(const SharedStorage& s, const Args& a, int u) {
     const int cols = unit_columns(a);
     const int tile = u / cols;
     const int e = tile_expert(s.tiles, a.experts, tile);
-    return Unit{e, tile - s.tiles.tile_start[e], (u - tile * cols) * Sh::kBlocks};
+    return Unit{e, tile - s.tiles.tile_start[e], (u - tile * cols) * (kAct ? 1 : Sh::kBlocks)};
   }
 
   static __device__ __forceinline__ void init(SharedStorage& s, const Params&) {
@@ -161,7 +175,11 @@ struct TokensOnMKernel {
             const float* wscale = a.weight_scales + (int64_t(unit.expert) * a.nblocks + unit.nb) * a.kblocks;
             for (int i = lane; i < a.kblocks; i += 32) m.wscale[i] = __ldg(wscale + i);
             if constexpr (kWide) {
-              const float* wscale2 = wscale + (unit.nb + 1 < a.nblocks ? a.kblocks : 0);
+              const float* wscale2;
+              if constexpr (kAct)  // up block nb: the up segment's blocks follow the gate's
+                wscale2 = wscale + a.inter_blocks * a.kblocks;
+              else
+                wscale2 = wscale + (unit.nb + 1 < a.nblocks ? a.kblocks : 0);
               for (int i = lane; i < a.kblocks; i += 32) m.wscale2[i] = __ldg(wscale2 + i);
             }
 #ifdef LOOM_CHAIN_TRACE
@@ -218,7 +236,11 @@ struct TokensOnMKernel {
         for (int j = 0; j < Sh::kBlocks; ++j) {
           // A wide unit past the last weight block (an odd number of them) loads the last one
           // again: the warpgroup that takes it drops every output (columns >= N).
-          const int w_row = unit.expert * a.n + min(unit.nb + j, a.nblocks - 1) * kTileCols;
+          int w_row;
+          if constexpr (kAct)  // gate block nb, then up block nb (w13's up rows start at row inter)
+            w_row = unit.expert * a.n + (j == 0 ? 0 : a.inter) + unit.nb * kTileCols;
+          else
+            w_row = unit.expert * a.n + min(unit.nb + j, a.nblocks - 1) * kTileCols;
           [[maybe_unused]] const uint32_t ph_wait = Probe::clock();
           ptx::mbar_wait(&s.empty[st.stage], st.phase ^ 1);
           Probe::add(ph, kPhEmptyWait, Probe::clock() - ph_wait);
@@ -384,7 +406,16 @@ struct TokensOnMKernel {
 #endif
       const int nb = m.nb + (kWide ? consumer : 0);
       auto release_record = [&] { ptx::mbar_arrive(&s.meta.empty[cur_slot]); };
-      if (a.atomic)
+      if constexpr (kAct) {
+        if (consumer == 1) {
+          release_record();
+          act_hand_over(s, final_acc);
+        } else {
+          const int row0 = m.row0, rows = m.rows, b = m.nb;
+          release_record();
+          act_quantize(s, a, final_acc, row0, rows, b, row_a, row_b);
+        }
+      } else if (a.atomic)
         stage_block<Probe>(s.epi, m, a, final_acc, consumer, row_base, row_a, row_b, wg_rows, nb, out_phase,
                            release_record, ph);
       else

@@ -70,7 +70,7 @@ std::string key(const GemmConfig& config) {
                         },
                         [](const TokensOnMConfig& c) {
                           return std::string("tM.") + (c.wide ? "wide" : "tall") + (c.sorted ? ".sorted" : "") + ".s4" +
-                                 (c.store ? ".store" : ".bulk") +
+                                 (c.act ? ".act" : c.store ? ".store" : ".bulk") +
                                  (c.dynamic ? ".dyn" : ".rr") + (c.weights_evict_first ? ".efw" : "") +
                                  (c.x_evict_last ? ".exl" : "");
                         }},
@@ -82,7 +82,7 @@ GemmConfig parse_gemm_key(const std::string& text) {
   auto bad = [&](const std::string& why) -> Error {
     return Error("GEMM config '" + text + "': " + why +
                  " (keys read wM.<gather|early|bins|sorted>.s<N>[.ho].<red|store>.<dense|compact>[.bal|.k<N>][.dyn]"
-                 "[.efw][.exf][.warm], wM.res.s5.bulk.<dyn|rr>[.efw], tM.<tall|wide>[.sorted].s4.<bulk|store>.<dyn|rr>"
+                 "[.efw][.exf][.warm], wM.res.s5.bulk.<dyn|rr>[.efw], tM.<tall|wide>[.sorted].s4.<bulk|store|act>.<dyn|rr>"
                  "[.efw][.exl])");
   };
   size_t i = 0;
@@ -152,8 +152,9 @@ GemmConfig parse_gemm_key(const std::string& text) {
     }
     if (stages != "s4") throw bad("the tokens-on-M kernels have 4 stages");
     const std::string epi = next();
-    if (epi != "bulk" && epi != "store") throw bad("expected bulk or store, got '" + epi + "'");
+    if (epi != "bulk" && epi != "store" && epi != "act") throw bad("expected bulk, store or act, got '" + epi + "'");
     c.store = epi == "store";
+    c.act = epi == "act";
     const std::string walk = next();
     if (walk != "dyn" && walk != "rr") throw bad("expected dyn or rr, got '" + walk + "'");
     c.dynamic = walk == "dyn";
@@ -188,6 +189,10 @@ void validate(const GemmConfig& config) {
     if (c->rows == WmRows::bins && (c->store || c->dense || c->split_k > 1))
       throw Error("the chunk walk over expert bins is compact, red, without split K");
     if (c->rows == WmRows::early && c->dense) throw Error("early ids serve a compact walk");
+  }
+  if (const auto* c = std::get_if<TokensOnMConfig>(&config)) {
+    if (c->act && (!c->wide || c->sorted))
+      throw Error("the SiLU*up epilogue takes wide tiles (a gate block and its up block) of token-order rows");
   }
 }
 
@@ -245,7 +250,9 @@ std::string describe(const GemmConfig& config) {
                    " tiles, A fragments" + (c.sorted ? " of expert-sorted rows" : "") +
                    " from a shared-memory ring, 4 stages, " +
                    (c.dynamic ? "last round from the queue" : "round robin") + ", " +
-                   (c.store ? "route rows stored" : "combine by bulk reductions") +
+                   (c.act ? "SiLU(gate)*up requantised into the ffn intermediate (gate and up blocks per tile)"
+                    : c.store ? "route rows stored"
+                              : "combine by bulk reductions") +
                    (c.weights_evict_first ? ", weights L2 evict-first" : "") +
                    (c.x_evict_last ? ", activation rows L2 evict-last" : "");
           }},
@@ -268,6 +275,11 @@ ScaleLayout scale_layout(const GemmConfig& config) {
 
 bool uses_work_queue(const GemmConfig& config) {
   return std::visit([](const auto& c) { return c.dynamic; }, config);
+}
+
+bool fused_act(const GemmConfig& config) {
+  const auto* c = std::get_if<TokensOnMConfig>(&config);
+  return c && c->act;
 }
 
 bool combine_stores_rows(const GemmConfig& config) {

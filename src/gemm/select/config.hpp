@@ -53,6 +53,9 @@ struct ResidentConfig {
 struct TokensOnMConfig {
   bool wide = false;    // 64 x 256 tiles instead of 128 x 128
   bool sorted = false;  // A: expert-sorted rows in fragment order, read by sorted row (ffn GEMM 2)
+  // Epilogue: SiLU(gate)*up requantised into the ffn intermediate (ffn GEMM 1 on w13; wide tiles
+  // whose 256 weight rows are a gate block and its up block). Neither reduces nor stores rows.
+  bool act = false;
   bool store = false;   // deterministic combine: route rows instead of bulk reductions
   bool dynamic = true;  // the last round of units from the work queue
   bool weights_evict_first = false;
@@ -77,5 +80,6 @@ XSource x_source(const GemmConfig& c);        // the activation layout it reads
 ScaleLayout scale_layout(const GemmConfig& c);  // row quads: the hand-off and tokens-on-M kernels
 bool uses_work_queue(const GemmConfig& c);
 bool combine_stores_rows(const GemmConfig& c);  // the deterministic combine (a combine kernel after it)
+bool fused_act(const GemmConfig& c);  // the SiLU*up epilogue: writes the ffn intermediate (TokensOnMConfig::act)
 
 }  // namespace loom
