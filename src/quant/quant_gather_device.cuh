@@ -43,6 +43,10 @@ __device__ __forceinline__ uint32_t e4m3x2(float lo, float hi) {
   return r;
 }
 
+// The ffn intermediate's act = SiLU(g) * u in fp32, one formula for every kernel that computes it
+// (silu_mul_quant, GEMM 1's epilogue); e^-g overflows to inf for very negative g, giving -0 * u.
+__device__ __forceinline__ float silu_mul(float g, float u) { return g / (1.0f + expf(-g)) * u; }
+
 // bf16 pairs in a 32-bit word -> floats (exact widening).
 __device__ __forceinline__ float bf16_lo(uint32_t w) { return __uint_as_float(w << 16); }
 __device__ __forceinline__ float bf16_hi(uint32_t w) { return __uint_as_float(w & 0xffff0000u); }

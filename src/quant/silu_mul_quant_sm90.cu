@@ -17,15 +17,13 @@ using quant_detail::kLanesPerUnit;
 using quant_detail::kUnitsPerWarp;
 constexpr int kThreads = 256;
 
-// SiLU(g) * u in fp32; e^-g overflows to inf for very negative g, giving -0 * u (the limit).
-__device__ __forceinline__ float silu_mul(float g, float u) { return g / (1.0f + expf(-g)) * u; }
-
 __global__ void __launch_bounds__(kThreads) silu_mul_quant_kernel(const SiluMulQuantParams p) {
   ptx::pdl_launch_dependents();
   // Before any global access: h and offsets come from the kernels before this one, and the
   // buffers written here may still be read by the previous run's GEMM 2.
   ptx::pdl_wait();
   const int64_t tid = int64_t(blockIdx.x) * kThreads + threadIdx.x, nth = int64_t(gridDim.x) * kThreads;
+  // As quant_detail::clear_output does for the quantiser (kept apart: its kernels' code stays as measured).
   if (p.zero_words != nullptr && tid < p.zero_word_count) p.zero_words[tid] = 0;
   if (p.zero_out != nullptr) {
     const int64_t n4 = p.zero_count / 4;
@@ -55,10 +53,10 @@ __global__ void __launch_bounds__(kThreads) silu_mul_quant_kernel(const SiluMulQ
 #pragma unroll
       for (int i = 0; i < 4; ++i) {
         const float4 gv = __ldcs(gate + i), uv = __ldcs(up + i);  // read once: stream past L2
-        x[4 * i + 0] = silu_mul(gv.x, uv.x);
-        x[4 * i + 1] = silu_mul(gv.y, uv.y);
-        x[4 * i + 2] = silu_mul(gv.z, uv.z);
-        x[4 * i + 3] = silu_mul(gv.w, uv.w);
+        x[4 * i + 0] = quant_detail::silu_mul(gv.x, uv.x);
+        x[4 * i + 1] = quant_detail::silu_mul(gv.y, uv.y);
+        x[4 * i + 2] = quant_detail::silu_mul(gv.z, uv.z);
+        x[4 * i + 3] = quant_detail::silu_mul(gv.w, uv.w);
       }
       if (p.act != nullptr) {
         float4* a = reinterpret_cast<float4*>(p.act + row * I) + 4 * c;

@@ -12,6 +12,7 @@
 #include "contract/device_layout.hpp"
 #include "gemm/epilogue/combine_staged.cuh"
 #include "ptx/barrier.cuh"
+#include "quant/quant_gather_device.cuh"
 
 namespace loom::gemm::tokens_on_m {
 
@@ -19,14 +20,6 @@ namespace loom::gemm::tokens_on_m {
 // staged (both warpgroups), and read (warpgroup 0 arrives, warpgroup 1 waits before its next unit).
 inline constexpr uint32_t kActFullBarrier = 1, kActEmptyBarrier = 2;
 static_assert(64 * 128 <= 64 * kOutStride, "the up values fit one staged block");
-
-__device__ __forceinline__ float act_silu_mul(float g, float u) { return g / (1.0f + expf(-g)) * u; }
-
-__device__ __forceinline__ uint32_t act_e4m3x2(float lo, float hi) {
-  uint16_t r;
-  asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(r) : "f"(hi), "f"(lo));
-  return r;
-}
 
 // Warpgroup 1: its up values into the staging block, thread-major (conflict-free), then the
 // hand-over. Its reads of the unit's record are done before.
@@ -61,7 +54,7 @@ __device__ __forceinline__ void act_quantize(S& s, const A& a, const float (&gat
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
       const int col = 128 * b + 8 * j + 2 * q + (e & 1);
-      const float v = col < a.inter ? act_silu_mul(gate[4 * j + e], x[4 * j + e]) : 0.0f;
+      const float v = col < a.inter ? quant_detail::silu_mul(gate[4 * j + e], x[4 * j + e]) : 0.0f;
       x[4 * j + e] = v;
       // fmaxf skips a NaN (as the reference's comparisons do).
       if (e < 2)
@@ -74,7 +67,9 @@ __device__ __forceinline__ void act_quantize(S& s, const A& a, const float (&gat
     amax_a = fmaxf(amax_a, __shfl_xor_sync(0xffffffffu, amax_a, off));
     amax_b = fmaxf(amax_b, __shfl_xor_sync(0xffffffffu, amax_b, off));
   }
-  const float scale_a = __fdiv_rn(fmaxf(amax_a, 1e-10f), 448.0f), scale_b = __fdiv_rn(fmaxf(amax_b, 1e-10f), 448.0f);
+  using quant_detail::kE4M3MaxF, quant_detail::kScaleFloor;
+  const float scale_a = __fdiv_rn(fmaxf(amax_a, kScaleFloor), kE4M3MaxF);
+  const float scale_b = __fdiv_rn(fmaxf(amax_b, kScaleFloor), kE4M3MaxF);
   if (a.act_values != nullptr)
 #pragma unroll
     for (int j = 0; j < 16; ++j)
@@ -93,8 +88,8 @@ __device__ __forceinline__ void act_quantize(S& s, const A& a, const float (&gat
   uint8_t* group = a.act_codes + int64_t(row0 + row) * a.inter + 128 * b;
 #pragma unroll
   for (int j = 0; j < 16; ++j) {
-    const uint32_t pa = act_e4m3x2(__fdiv_rn(x[4 * j + 0], scale_a), __fdiv_rn(x[4 * j + 1], scale_a));
-    const uint32_t pb = act_e4m3x2(__fdiv_rn(x[4 * j + 2], scale_b), __fdiv_rn(x[4 * j + 3], scale_b));
+    const uint32_t pa = quant_detail::e4m3x2(__fdiv_rn(x[4 * j + 0], scale_a), __fdiv_rn(x[4 * j + 1], scale_a));
+    const uint32_t pb = quant_detail::e4m3x2(__fdiv_rn(x[4 * j + 2], scale_b), __fdiv_rn(x[4 * j + 3], scale_b));
     const uint32_t got = __shfl_xor_sync(0xffffffffu, even ? pb : pa, 1);  // even: the partner's pa; odd: its pb
     const uint32_t word = even ? pa | (got << 16) : got | (pb << 16);
     const int w = 2 * j + q / 2;
