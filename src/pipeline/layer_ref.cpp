@@ -113,7 +113,7 @@ std::vector<float> LayerResult::rounded() const {
   return r;
 }
 
-LayerResult layer_ref(const LayerWeights& w, const bf16* hidden, const TopK& topk) {
+LayerResult layer_ref(const LayerWeights& w, const bf16* hidden, const TopK& topk, const RouteIntermediate* given) {
   Shape s = w.shape;
   s.tokens = topk.tokens;
   validate(s);
@@ -124,6 +124,11 @@ LayerResult layer_ref(const LayerWeights& w, const bf16* hidden, const TopK& top
   check_size("topk.weights", topk.weights.size(), s.tokens * s.topk);
   check_weights(w);
   if (s.tokens > 0 && !hidden) throw Error("layer_ref: hidden is null");
+  if (given) {
+    if (s.mode != Mode::ffn || s.dtype != DType::fp8) throw Error("layer_ref: a given intermediate is ffn fp8 only");
+    check_size("given.codes", given->codes.size(), s.tokens * s.topk * s.inter);
+    check_size("given.scales", given->scales.size(), s.tokens * s.topk * quant_blocks(s.inter));
+  }
 
   const int64_t T = s.tokens, H = s.hidden, I = s.inter, E = s.experts, k = s.topk;
   const bool fp8 = s.dtype == DType::fp8;
@@ -173,10 +178,22 @@ LayerResult layer_ref(const LayerWeights& w, const bf16* hidden, const TopK& top
   std::vector<float> act(size_t(R * I));
   silu_mul_ref(h.data(), R, I, act.data());
   h = {};
+  result.act.assign(size_t(T * k * I), 0.0f);
+  for (int64_t r = 0; r < R; ++r)
+    std::copy_n(act.begin() + r * I, I, result.act.begin() + d.row_route[size_t(r)] * I);
   SortedRows a2;
-  if (fp8) {
+  const int64_t ib = quant_blocks(I);
+  if (fp8 && given) {
     a2.q.resize(size_t(R * I));
-    a2.scales.resize(size_t(R * quant_blocks(I)));
+    a2.scales.resize(size_t(R * ib));
+    for (int64_t r = 0; r < R; ++r) {
+      const int64_t route = d.row_route[size_t(r)];
+      std::copy_n(given->codes.begin() + route * I, I, a2.q.begin() + r * I);
+      std::copy_n(given->scales.begin() + route * ib, ib, a2.scales.begin() + r * ib);
+    }
+  } else if (fp8) {
+    a2.q.resize(size_t(R * I));
+    a2.scales.resize(size_t(R * ib));
     quantize_1x128_ref(act.data(), R, I, a2.q.data(), a2.scales.data());
   } else {
     a2.x.resize(size_t(R * I));

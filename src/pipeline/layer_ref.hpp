@@ -45,10 +45,24 @@ struct LayerResult {
   // The output as the GPU returns it: fp32 in single mode, bf16 (as float) in ffn mode.
   std::vector<float> rounded() const;
   Mode mode = Mode::single;
+  // ffn: SiLU(gate)*up per route t*k+j, [T*k, I], as rounded to fp32 before the re-quantisation
+  // (a dropped route's row is 0).
+  std::vector<float> act;
+};
+
+// An ffn fp8 intermediate per route t*k+j: E4M3 codes [T*k, I] and 1x128 scales
+// [T*k, quant_blocks(I)] (a dropped route's row is not read).
+struct RouteIntermediate {
+  std::vector<uint8_t> codes;
+  std::vector<float> scales;
 };
 
 // The layer from precomputed routes. hidden: [T, H] bf16; topk: ids and weights [T, k].
-LayerResult layer_ref(const LayerWeights& w, const bf16* hidden, const TopK& topk);
+// given (ffn fp8 only): GEMM 2 reads this intermediate instead of the reference's own re-quantised
+// act. A GPU test passes the GPU's, so that E4M3 codes that round the other way on accumulation
+// noise (docs/numerics.md) do not hide how GEMM 2 and the combine did.
+LayerResult layer_ref(const LayerWeights& w, const bf16* hidden, const TopK& topk,
+                      const RouteIntermediate* given = nullptr);
 
 // Relative Frobenius error ||got - ref|| / ||ref||, and the worst such error over rows of `cols`.
 // NaN anywhere in `got` gives +inf. When a row of ref is all zero its error is ||got_row||.

@@ -143,10 +143,12 @@ std::vector<double> reference_single_fp8_gpu(const LayerWeights& w, const std::v
   return combine(p, topk, grouped_gemm_gpu(p, a, as, w.w1_q, w.w1_scales, s.inter, s.hidden, s.inter), s.inter);
 }
 
-std::vector<double> reference_ffn_fp8_gpu(const LayerWeights& w, const std::vector<bf16>& hidden, const TopK& topk) {
+std::vector<double> reference_ffn_fp8_gpu(const LayerWeights& w, const std::vector<bf16>& hidden, const TopK& topk,
+                                          const RouteIntermediate* given, std::vector<float>* act_out) {
   const Shape& s = w.shape;
-  const int64_t I = s.inter, H = s.hidden;
+  const int64_t I = s.inter, H = s.hidden, ib = quant_blocks(I), routes = topk.tokens * s.topk;
   const PaddedRows p = pad_rows(s, topk);
+  if (act_out) act_out->assign(size_t(routes * I), 0.0f);
   if (p.tiles.empty()) return std::vector<double>(size_t(topk.tokens * H), 0.0);
   std::vector<uint8_t> a;
   std::vector<float> as;
@@ -156,8 +158,17 @@ std::vector<double> reference_ffn_fp8_gpu(const LayerWeights& w, const std::vect
   std::vector<float> act(size_t(p.rows * I));
   silu_mul_ref(h.data(), p.rows, I, act.data());
   std::vector<uint8_t> a2(size_t(p.rows * I));
-  std::vector<float> as2(size_t(p.rows * quant_blocks(I)));
+  std::vector<float> as2(size_t(p.rows * ib));
   quantize_1x128_ref(act.data(), p.rows, I, a2.data(), as2.data());
+  for (int64_t route = 0; route < routes; ++route) {
+    const int64_t row = p.route_row[size_t(route)];
+    if (row < 0) continue;
+    if (act_out) std::copy_n(act.begin() + row * I, I, act_out->begin() + route * I);
+    if (given) {
+      std::copy_n(given->codes.begin() + route * I, I, a2.begin() + row * I);
+      std::copy_n(given->scales.begin() + route * ib, ib, as2.begin() + row * ib);
+    }
+  }
   return combine(p, topk, grouped_gemm_gpu(p, a2, as2, w.w2_q, w.w2_scales, H, I, H), H);
 }
 

@@ -17,7 +17,9 @@ std::vector<double> reference_single_fp8_gpu(const LayerWeights& w, const std::v
 
 // The ffn layer (fp8): GEMM 1 (w13) in double on the GPU, the intermediate as layer_ref makes it
 // (act in double rounded once to fp32, 1x128 requantised, on the CPU), GEMM 2 (w2) in double on
-// the GPU, the slot-order combine; out [T, H] in double, before the bf16 rounding.
-std::vector<double> reference_ffn_fp8_gpu(const LayerWeights& w, const std::vector<bf16>& hidden, const TopK& topk);
+// the GPU, the slot-order combine; out [T, H] in double, before the bf16 rounding. As layer_ref:
+// `given` replaces the intermediate GEMM 2 reads; `act` (if not null) receives SiLU(gate)*up per route.
+std::vector<double> reference_ffn_fp8_gpu(const LayerWeights& w, const std::vector<bf16>& hidden, const TopK& topk,
+                                          const RouteIntermediate* given = nullptr, std::vector<float>* act = nullptr);
 
 }  // namespace loom::test

@@ -303,7 +303,11 @@ void measure_gpu(const BenchOptions& opt, const Plan& plan, const Shape& s, cons
     const ErrorStats e = relative_error(got.data(), reference->out.data(), s.tokens, s.out_cols());
     r.check_overall = e.overall;
     r.check_worst_row = e.worst_row;
-    const bool ok = e.overall <= 2e-3 && e.worst_row <= 1e-2;
+    // ffn: the reference re-quantises its own act, and ~1 % of the GPU's intermediate codes round
+    // the other way on GEMM 1's accumulation noise (docs/numerics.md); the GPU tests hold GEMM 2
+    // and the combine to 2e-3 on the GPU's own intermediate.
+    const bool ffn = s.mode == Mode::ffn;
+    const bool ok = e.overall <= (ffn ? 1e-2 : 2e-3) && e.worst_row <= (ffn ? 5e-2 : 1e-2);
     log << "  check vs CPU reference: rel err " << e.overall << ", worst row " << e.worst_row
         << (ok ? " (ok)" : " (FAILED)") << "\n";
     if (!ok) r.note += (r.note.empty() ? "" : "; ") + std::string("CHECK FAILED against the CPU reference");
