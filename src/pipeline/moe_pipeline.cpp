@@ -279,6 +279,7 @@ void run_stages(const Plan& p, const Weights& w, const Inputs& in, void* output,
     gp2.k = int(s.inter);
     gp2.combine = p.options.deterministic ? CombineMode::store : CombineMode::atomic;
     gp2.work_queue = uses_work_queue(gc2) ? queue2 : nullptr;
+    gp2.hit_list = hit_list;  // the fused small-batch kernel's, for a compact walk
     if (do_gemm2) launch_gemm_fp8(gp2, gc2, dev, stream, pdl);
   }
 
