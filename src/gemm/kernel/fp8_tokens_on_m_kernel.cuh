@@ -5,8 +5,8 @@
 //                unit records (scheduler/expert_tiles.cuh), warp 2 the activation scales, warp 3
 //                the combine; warpgroups 1 and 2 (232): their rows' activation ring and the MMAs
 //   units        (expert, row tile, weight block(s)): consecutive units share a row tile, then an
-//                expert, so CTAs running together read the same lines; round robin, the last round
-//                from the work queue
+//                expert, so CTAs running together read the same lines (sorted rows, ffn GEMM 2:
+//                weight blocks outermost); round robin, the last round from the work queue
 // Instances: tall (128 x 128) and wide (64 x 256) tiles, A rows by token (the token-order codes) or
 // by sorted row (kSortedRows: the ffn intermediate; the combine still goes by token).
 #pragma once
@@ -129,6 +129,16 @@ struct TokensOnMKernel {
   }
   static __device__ __forceinline__ Unit decode(const SharedStorage& s, const Args& a, int u) {
     const int cols = unit_columns(a);
+    if constexpr (kSortedRows) {
+      // ffn GEMM 2: column blocks outermost, so the CTAs running together reduce into the same
+      // [T, 128] columns of the fp32 accumulator, which stay in L2 while every expert adds to them
+      // (row tiles first, the whole [T, H] accumulator outgrows L2 at prefill). The intermediate's
+      // rows are read once per column block (L2 evict-last).
+      const int tiles = s.tiles.tile_start[a.experts];
+      const int col = u / tiles, tile = u - col * tiles;
+      const int e = tile_expert(s.tiles, a.experts, tile);
+      return Unit{e, tile - s.tiles.tile_start[e], col * Sh::kBlocks};
+    }
     const int tile = u / cols;
     const int e = tile_expert(s.tiles, a.experts, tile);
     return Unit{e, tile - s.tiles.tile_start[e], (u - tile * cols) * (kAct ? 1 : Sh::kBlocks)};
