@@ -33,7 +33,7 @@ __global__ void __launch_bounds__(kThreads) silu_mul_quant_kernel(const SiluMulQ
   }
 
   const int I = p.inter;
-  const uint32_t groups = uint32_t(I + 127) / 128u, chunks = uint32_t(I) / 16u;
+  const uint32_t groups = uint32_t(I + 127) / 128u;
   const int64_t rows = min(int64_t(__ldcg(p.offsets + p.experts)), p.padded_rows);
   const uint64_t units = rows > 0 ? uint64_t(rows) * groups : 0u;
   const int lane = int(threadIdx.x & 31u), sub = lane & (kLanesPerUnit - 1);
@@ -44,34 +44,36 @@ __global__ void __launch_bounds__(kThreads) silu_mul_quant_kernel(const SiluMulQ
     const bool unit_ok = unit < units;
     const int64_t row = unit_ok ? int64_t(unit / groups) : 0;
     const uint32_t g = unit_ok ? uint32_t(unit - uint64_t(row) * groups) : 0u;
-    const uint32_t c = g * kLanesPerUnit + uint32_t(sub);  // this lane's 16 columns of I
-    const bool active = unit_ok && c < chunks;
+    // The unit's 8 lanes read its 32 float4 of gate (and of up) as float4 8j + sub, j = 0..3: each
+    // load instruction takes whole 32-byte sectors, which a streaming load must (a sector half read
+    // is fetched again from HBM for its other half). x[4j .. 4j+3]: columns 128g + 32j + 4sub + 0..3;
+    // columns past I (a last partial group; I is a multiple of 16) are 0, amax-neutral.
+    const int64_t col0 = int64_t(g) * 128 + 4 * sub;
     float x[16];
-    if (active) {
-      const float4* gate = reinterpret_cast<const float4*>(p.h + row * 2 * I) + 4 * c;
-      const float4* up = reinterpret_cast<const float4*>(p.h + row * 2 * I + I) + 4 * c;
 #pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        const float4 gv = __ldcs(gate + i), uv = __ldcs(up + i);  // read once: stream past L2
-        x[4 * i + 0] = quant_detail::silu_mul(gv.x, uv.x);
-        x[4 * i + 1] = quant_detail::silu_mul(gv.y, uv.y);
-        x[4 * i + 2] = quant_detail::silu_mul(gv.z, uv.z);
-        x[4 * i + 3] = quant_detail::silu_mul(gv.w, uv.w);
+    for (int j = 0; j < 4; ++j) {
+      const int64_t col = col0 + 32 * j;
+      if (unit_ok && col < I) {
+        const float4 gv = __ldcs(reinterpret_cast<const float4*>(p.h + row * 2 * I + col));  // read once
+        const float4 uv = __ldcs(reinterpret_cast<const float4*>(p.h + row * 2 * I + I + col));
+        x[4 * j + 0] = quant_detail::silu_mul(gv.x, uv.x);
+        x[4 * j + 1] = quant_detail::silu_mul(gv.y, uv.y);
+        x[4 * j + 2] = quant_detail::silu_mul(gv.z, uv.z);
+        x[4 * j + 3] = quant_detail::silu_mul(gv.w, uv.w);
+        if (p.act != nullptr)
+          *reinterpret_cast<float4*>(p.act + row * I + col) = make_float4(x[4 * j], x[4 * j + 1], x[4 * j + 2], x[4 * j + 3]);
+      } else {
+        x[4 * j + 0] = x[4 * j + 1] = x[4 * j + 2] = x[4 * j + 3] = 0.0f;
       }
-      if (p.act != nullptr) {
-        float4* a = reinterpret_cast<float4*>(p.act + row * I) + 4 * c;
-#pragma unroll
-        for (int i = 0; i < 4; ++i) a[i] = make_float4(x[4 * i], x[4 * i + 1], x[4 * i + 2], x[4 * i + 3]);
-      }
-    } else {
-#pragma unroll
-      for (int i = 0; i < 16; ++i) x[i] = 0.0f;  // amax-neutral
     }
     const quant_detail::UnitCodes q = quant_detail::quantize_values<false>(x);
-    if (active && p.fragment_order)
-      quant_detail::store_fragment_codes(p.codes + row * I + int64_t(g) * 128, q.codes);
-    else if (active)
-      *reinterpret_cast<uint4*>(p.codes + row * I + int64_t(c) * 16) = q.codes;
+    // Word j of the codes holds columns 32j + 4sub .. + 3 of the group: word 8j + sub of its row
+    // (fragment order: fragment_word of it).
+    uint32_t* group = reinterpret_cast<uint32_t*>(p.codes + row * I + int64_t(g) * 128);
+    const uint32_t words[4] = {q.codes.x, q.codes.y, q.codes.z, q.codes.w};
+#pragma unroll
+    for (int j = 0; j < 4; ++j)
+      if (unit_ok && col0 + 32 * j < I) group[p.fragment_order ? fragment_word(8 * j + sub) : 8 * j + sub] = words[j];
     if (unit_ok && sub == 0) p.scales[scale_index(p.scale_layout, g, row, p.padded_rows)] = q.scale;
   }
 }
