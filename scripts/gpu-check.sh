@@ -81,7 +81,7 @@ fi
 # The runs docs/perf/current.md shows: the T sweep; deterministic, PDL-off and eager variants;
 # skewed distributions; the same for the ffn layer (qwen35-layer).
 runs=()
-[ "${CHECK_BENCH:-}" != "-" ] && IFS=';' read -r -a runs <<< "${CHECK_BENCH:---preset qwen35-single --tokens 1,8,32,128,512,2048,8192;--preset qwen35-single --tokens 1,128,2048 --deterministic;--preset qwen35-single --tokens 1,128 --no-pdl --no-check;--preset qwen35-single --tokens 1,128 --eager --no-check;--preset qwen35-single --dist zipf:1.2 --no-check;--preset qwen35-single --dist hot:0.9 --no-check;--preset qwen35-single --dist concentrated --no-check;--preset qwen35-layer --tokens 1,8,32,128,512,2048,8192;--preset qwen35-layer --tokens 1,128,8192 --deterministic;--preset qwen35-layer --dist zipf:1.2 --no-check;--preset qwen35-layer --dist hot:0.9 --no-check}"
+[ "${CHECK_BENCH:-}" != "-" ] && IFS=';' read -r -a runs <<< "${CHECK_BENCH:---preset qwen35-single --tokens 1,8,32,128,512,2048,8192;--preset qwen35-single --tokens 1,128,2048 --deterministic;--preset qwen35-single --tokens 1,128 --no-pdl --no-check;--preset qwen35-single --tokens 1,128 --eager --no-check;--preset qwen35-single --dist zipf:1.2 --no-check;--preset qwen35-single --dist hot:0.9 --no-check;--preset qwen35-single --dist concentrated --no-check;--preset qwen35-layer --tokens 1,8,32,128,512,2048,8192;--preset qwen35-layer --tokens 1,8,32,128,512,2048,8192 --deterministic;--preset qwen35-layer --tokens 1,128,2048,8192 --dist zipf:1.2 --no-check;--preset qwen35-layer --tokens 1,128,2048,8192 --dist hot:0.9 --no-check}"
 : > "$out/logs/bench-manifest.tsv"
 i=0
 for run in "${runs[@]}"; do
