@@ -10,13 +10,9 @@ __device__ __forceinline__ void named_barrier_sync(uint32_t id, uint32_t threads
 }
 
 // Named barrier met by warps from different code paths (barrier.sync without .aligned): e.g. two
-// warpgroups handing a block over in shared memory, one arriving after its reads
-// (named_barrier_arrive), the other waiting.
+// warpgroups handing a block over in shared memory.
 __device__ __forceinline__ void named_barrier_sync_unaligned(uint32_t id, uint32_t threads) {
   asm volatile("barrier.sync %0, %1;" ::"r"(id), "r"(threads) : "memory");
-}
-__device__ __forceinline__ void named_barrier_arrive(uint32_t id, uint32_t threads) {
-  asm volatile("barrier.arrive %0, %1;" ::"r"(id), "r"(threads) : "memory");
 }
 
 // CTA-wide barrier that threads may reach at different instructions: barrier.sync without .aligned

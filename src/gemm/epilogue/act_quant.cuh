@@ -17,7 +17,9 @@
 namespace loom::gemm::tokens_on_m {
 
 // Named barriers of the hand-over (ids 1 and 2 are free in the tokens-on-M kernel): the up values
-// staged (both warpgroups), and read (warpgroup 0 arrives, warpgroup 1 waits before its next unit).
+// staged, and read (both warpgroups sync on each: warpgroup 1 is already waiting on the second when
+// warpgroup 0 reaches it, so a sync costs warpgroup 0 what an arrive would, and racecheck, which
+// does not take barrier.arrive as ordering the reads before it, sees the hand-over).
 inline constexpr uint32_t kActFullBarrier = 1, kActEmptyBarrier = 2;
 static_assert(64 * 128 <= 64 * kOutStride, "the up values fit one staged block");
 
@@ -45,7 +47,7 @@ __device__ __forceinline__ void act_quantize(S& s, const A& a, const float (&gat
   float x[64];
 #pragma unroll
   for (int i = 0; i < 64; ++i) x[i] = stage[i * 128 + wg_thread];
-  ptx::named_barrier_arrive(kActEmptyBarrier, 256);
+  ptx::named_barrier_sync_unaligned(kActEmptyBarrier, 256);
   // x[4j + e]: row_a (e = 0, 1) or row_b (e = 2, 3), I column 128 b + 8 j + 2 q + (e & 1); columns
   // past I (a partial last block) are 0: amax-neutral, never stored.
   float amax_a = 0.0f, amax_b = 0.0f;
