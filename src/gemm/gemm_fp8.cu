@@ -42,6 +42,20 @@ void check_config_against_params(const GemmFp8Params& p, const GemmConfig& cfg, 
   if (p.expert_counts && (p.expert_stride <= 0 || int64_t(p.experts) * p.expert_stride >= (int64_t(1) << 31)))
     throw Error(who + "expert bins need a positive stride with experts * stride below 2^31, got stride " +
                 std::to_string(p.expert_stride));
+  if (p.segment_rows < 0 || (p.segment_rows > 0 && (p.segment_rows % 16 || p.n % p.segment_rows)))
+    throw Error(who + "segment_rows must be 0 or a multiple of 16 that divides N, got " +
+                std::to_string(p.segment_rows) + " (N=" + std::to_string(p.n) + ")");
+  // The resident-rows kernel cuts N into plain 128-row blocks.
+  if (std::holds_alternative<ResidentConfig>(cfg) && p.segment_rows > 0 && p.segment_rows % kBlockM)
+    throw Error(who + key(cfg) + " cuts N into plain 128-row blocks: segment_rows must be a multiple of 128, got " +
+                std::to_string(p.segment_rows));
+}
+
+// N's segments (GemmFp8Params::segment_rows) and its 128-row blocks over all segments.
+WeightSegments segments_of(const GemmFp8Params& p) { return WeightSegments::of(p.segment_rows > 0 ? p.segment_rows : p.n); }
+int weight_blocks(const GemmFp8Params& p) {
+  const WeightSegments s = segments_of(p);
+  return p.n / s.rows * s.blocks;
 }
 
 // The tokens-on-M kernels (tall and wide tiles): their checks, tensor map and arguments.
@@ -122,9 +136,9 @@ TokensOnMLaunch make_tokens_on_m_launch(const GemmFp8Params& p, const TokensOnMC
   TokensOnMLaunch l;
   static_cast<TokensOnMArgs&>(l.args) = TokensOnMArgs{p.x, p.x_scales, p.x_rows, p.x_scale_layout == ScaleLayout::row_quads ? 1 : 0,
                          p.weight_scales, p.offsets, p.expert_counts, p.expert_stride, p.row_token, p.row_weight,
-                         p.out, p.experts, p.n, p.k, (p.n + tm::kTileCols - 1) / tm::kTileCols, p.k / tm::kBlockK,
+                         p.out, p.experts, p.n, p.k, weight_blocks(p), p.k / tm::kBlockK,
                          p.combine == CombineMode::atomic ? 1 : 0, cfg.weights_evict_first ? 1 : 0,
-                         cfg.x_evict_last ? 1 : 0, cfg.dynamic ? p.work_queue : nullptr};
+                         cfg.x_evict_last ? 1 : 0, cfg.dynamic ? p.work_queue : nullptr, segments_of(p)};
   if (cfg.act) {
     const GemmFp8Params::Intermediate& m = p.act;
     const int64_t blocks = (int64_t(m.inter) + tm::kTileCols - 1) / tm::kTileCols;
@@ -139,6 +153,7 @@ TokensOnMLaunch make_tokens_on_m_launch(const GemmFp8Params& p, const TokensOnMC
     if (reinterpret_cast<uintptr_t>(m.codes) % 16 || (m.values && reinterpret_cast<uintptr_t>(m.values) % 8))
       throw Error(who + "the intermediate's codes must be 16-byte and its values 8-byte aligned");
     l.args.nblocks = int(2 * blocks);  // w13's scales: the gate segment's blocks, then the up segment's
+    l.args.seg = WeightSegments::of(m.inter);
     l.args.atomic = 0;
     l.args.act_codes = m.codes;
     l.args.act_scales = m.scales;
@@ -194,7 +209,7 @@ void launch_gemm_fp8_weights_on_m(const GemmFp8Params& p, const WeightsOnMConfig
   if (cfg.warm_up && !(cfg.dense || p.hit_list || bins))
     throw Error(who + "the warm-up needs a dense walk, a hit list or expert bins");
   check_config_against_params(p, GemmConfig(cfg), who);
-  const int nblocks = int((p.n + kBlockM - 1) / kBlockM), kblocks = int((p.k + kBlockK - 1) / kBlockK);
+  const int nblocks = weight_blocks(p), kblocks = int((p.k + kBlockK - 1) / kBlockK);
   const int split = cfg.balanced ? 1 : std::max(1, std::min(cfg.split_k, kblocks));
   const int kb_per_split = (kblocks + split - 1) / split;
   gemm::TensorMaps maps{};
@@ -229,6 +244,7 @@ void launch_gemm_fp8_weights_on_m(const GemmFp8Params& p, const WeightsOnMConfig
   a.k = p.k;
   a.nblocks = nblocks;
   a.kblocks = kblocks;
+  a.seg = segments_of(p);
   a.atomic = cfg.store ? 0 : 1;
   a.dense = cfg.dense ? 1 : 0;
   a.split_k = (kblocks + kb_per_split - 1) / kb_per_split;

@@ -50,7 +50,10 @@ inline constexpr int kWorkQueueWords = 2;
 
 struct GemmFp8Params {
   const uint8_t* weights = nullptr;        // [E, N, K] e4m3, K-major
-  const float* weight_scales = nullptr;    // [E, ceil(N/128), ceil(K/128)]
+  const float* weight_scales = nullptr;    // [E, N/segment_rows x ceil(segment_rows/128), ceil(K/128)]
+  // The weight rows in segments of this many, each cut into its own 128-row blocks (ffn GEMM 1 on
+  // w13: I, the gate rows then the up rows; WeightSegments); 0: one segment of N rows.
+  int segment_rows = 0;
   const uint8_t* x = nullptr;              // [x_rows, K] e4m3: row t = token t, or the expert-sorted rows
   const float* x_scales = nullptr;         // their 1x128 scales, laid out as x_scale_layout says
   // As the config reads them (scale_layout(config); launch_gemm_fp8 checks the pairing).

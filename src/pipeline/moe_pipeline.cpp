@@ -210,6 +210,7 @@ void run_stages(const Plan& p, const Weights& w, const Inputs& in, void* output,
     gp.row_weight = nullptr;
     gp.out = at<float>(workspace, L.h);
     gp.n = int(2 * s.inter);
+    gp.segment_rows = int(s.inter);  // gate and up rows each in their own 128-row blocks
     gp.combine = CombineMode::store;
     if (act_in_gemm1) {  // ... or the intermediate itself, as GEMM 2 reads it
       const GemmConfig& gc2 = launches.gemm2;

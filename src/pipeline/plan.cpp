@@ -251,11 +251,6 @@ Plan plan(const Shape& s, const Routing& r, const Options& o) { return plan(s, r
 Plan plan(const Shape& s, const Routing& r, const Options& o, const DeviceSpec& device) {
   validate(s);
   validate(r, s);
-  // GEMM 1 runs w13 as one matrix of 2I rows in 128-row blocks: a partial gate block would share
-  // a block with up rows, whose scales are the up segment's own.
-  if (s.mode == Mode::ffn && s.inter % 128 != 0)
-    throw Error("ffn mode on the GPU needs inter (I) a multiple of 128 for now, got " + std::to_string(s.inter) +
-                " (GEMM 1's 128-row weight blocks must not straddle gate and up)");
   if (s.dtype != DType::fp8)
     throw Error("the GPU path runs dtype fp8 only for now; bf16 has the CPU reference (layer_ref) only");
   if (s.experts > kGpuMaxExperts)

@@ -30,13 +30,20 @@ using bench::DeviceBuffer;
 struct GemmCase {
   int64_t tokens, hidden, inter, experts, topk;
   const char* dist;
+  // > 0: the weights are an ffn w13 of I = segment (inter = 2 segment), gate and up rows each in
+  // their own 128-row blocks (GemmFp8Params::segment_rows).
+  int64_t segment = 0;
 };
 
 void run_case(const GemmCase& c, CombineMode mode, uint64_t seed) {
   SCOPED_TRACE(testing::Message() << "T=" << c.tokens << " K=" << c.hidden << " N=" << c.inter << " E=" << c.experts
-                                  << " k=" << c.topk << " " << c.dist << (mode == CombineMode::atomic ? " atomic" : " store"));
+                                  << " k=" << c.topk << " " << c.dist << (mode == CombineMode::atomic ? " atomic" : " store")
+                                  << (c.segment ? " segments of " : "") << (c.segment ? std::to_string(c.segment) : ""));
+  ASSERT_TRUE(c.segment == 0 || c.inter == 2 * c.segment);
   const Shape s{c.tokens, c.hidden, c.inter, c.experts, c.topk, Mode::single, DType::fp8};
-  const LayerWeights w = make_weights(s, seed);
+  const LayerWeights w =
+      c.segment ? make_weights(Shape{c.tokens, c.hidden, c.segment, c.experts, c.topk, Mode::ffn, DType::fp8}, seed)
+                : make_weights(s, seed);
   const Routes routes = make_routes(s, Routing{}, parse_distribution(c.dist), seed + 1);
   const std::vector<bf16> hidden = make_hidden(s, seed + 2);
   const Dispatch d = dispatch_ref(routes.topk.ids.data(), s.tokens, s.topk, s.experts);
@@ -132,6 +139,7 @@ void run_case(const GemmCase& c, CombineMode mode, uint64_t seed) {
   p.experts = int(s.experts);
   p.n = int(N);
   p.k = int(K);
+  p.segment_rows = int(c.segment);
   p.combine = mode;
   const DeviceInfo dev = *query_device();
   auto launch = [&](const GemmConfig& cfg, bool pdl = false) {
@@ -163,7 +171,7 @@ void run_case(const GemmCase& c, CombineMode mode, uint64_t seed) {
   // Resident token rows (weights on M, an expert's rows in shared memory over all of K, in chunks of
   // at most resident_rows_capacity), round robin and from the queue, with and without PDL.
   auto run_resident = [&](bool pdl, const char* routes) {
-    if (resident_rows_capacity(N, K) == 0) return;
+    if (resident_rows_capacity(N, K) == 0 || c.segment % 128) return;  // plain 128-row blocks only
     ResidentConfig cfg;
     cfg.weights_evict_first = pdl;
     cfg.dynamic = pdl;
@@ -431,6 +439,22 @@ TEST(GemmFp8Gpu, PartialBlocksAndWideShapes) {
       {{200, 1152, 208, 8, 2, "random"}, kAtomic}};
   std::vector<ModeCase> full = small;
   full.push_back({{3, 7168, 4096, 64, 2, "random"}, kAtomic});  // wide: 56 K blocks, 32 N blocks
+  run_cases(full, small, seed);
+}
+
+// ffn w13 with I not a multiple of 128: N = 2I in two segments (gate, up), each cut into its own
+// 128-row blocks, the last one partial (its rows past the segment are loaded, never stored); every
+// weights-on-M and tokens-on-M variant, chunks and row tiles from 1 to ~250 rows per expert.
+TEST(GemmFp8Gpu, GateAndUpSegmentsOfPartialBlocks) {
+  LOOM_REQUIRE_GPU();
+  LOOM_FRESH_SEED();
+  const std::vector<ModeCase> small{{{17, 256, 384, 8, 2, "random", 192}, kStore},
+                                    {{300, 512, 160, 8, 2, "concentrated", 80}, kAtomic},
+                                    {{500, 512, 640, 8, 2, "zipf:1.2", 320}, kStore}};
+  std::vector<ModeCase> full = small;
+  full.push_back({{300, 512, 384, 8, 2, "concentrated", 192}, kAtomic});
+  full.push_back({{2048, 1024, 640, 16, 8, "random", 320}, kStore});
+  full.push_back({{2048, 2048, 384, 64, 8, "zipf:1.2", 192}, kAtomic});
   run_cases(full, small, seed);
 }
 

@@ -96,5 +96,26 @@ TEST(GemmLaunchChecks, SortedRowTokenTilesNeedOffsets) {
   expect_rejected(p, sorted, "multiple of 4");
 }
 
+// Weight segments (ffn w13 with I not a multiple of 128): a multiple of 16 that divides N; the
+// resident-rows kernel cuts N into plain 128-row blocks only.
+TEST(GemmLaunchChecks, WeightSegmentsDivideNIntoWholeSegments) {
+  GemmFp8Params p = act_params();
+  p.act = {};
+  p.x_scale_layout = ScaleLayout::group_major;
+  p.combine = CombineMode::store;
+  p.out = fake<float>(0xa0000);
+  p.n = 384;
+  const GemmConfig sorted = parse_gemm_key("wM.sorted.s6.store.dense.dyn");
+  p.segment_rows = 100;
+  expect_rejected(p, sorted, "segment_rows must be 0 or a multiple of 16 that divides N");
+  p.segment_rows = 144;  // a multiple of 16 that does not divide 384
+  expect_rejected(p, sorted, "segment_rows must be 0 or a multiple of 16 that divides N");
+  p.segment_rows = -16;
+  expect_rejected(p, sorted, "segment_rows must be 0 or a multiple of 16 that divides N");
+  p.segment_rows = 192;
+  p.combine = CombineMode::atomic;
+  expect_rejected(p, parse_gemm_key("wM.res.s5.bulk.dyn"), "segment_rows must be a multiple of 128");
+}
+
 }  // namespace
 }  // namespace loom

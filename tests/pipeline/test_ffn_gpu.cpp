@@ -233,6 +233,12 @@ TEST(FfnGpu, MatchesCpuReferenceFromDecodeToPrefill) {
                              {1000, 2048, 512, 64, 8, "random"},
                              {2048, 2048, 512, 256, 8, "random", true},
                              {2048, 1024, 384, 16, 4, "random", false, false},
+                             // I not a multiple of 128: gate and up in blocks of their own, GEMM 2 on a
+                             // partial K block
+                             {17, 2048, 192, 64, 8, "random"},
+                             {1000, 1024, 192, 16, 4, "zipf:1.2", false, false},
+                             {300, 512, 320, 8, 2, "concentrated", true, false},
+                             {2048, 1024, 80, 32, 8, "random"},
                              // GEMM 1 with the intermediate in its epilogue (asked for by key)
                              {1000, 2048, 512, 64, 8, "zipf:1.2", false, true, false, "tM.wide.s4.act.dyn"},
                              {2048, 1024, 384, 16, 4, "random", false, false, false, "tM.wide.s4.act.dyn.exl"}};
@@ -242,6 +248,7 @@ TEST(FfnGpu, MatchesCpuReferenceFromDecodeToPrefill) {
              {128, 512, 256, 64, 8, "random", true},
              {300, 512, 256, 8, 2, "concentrated", false, false},
              {1200, 512, 256, 16, 4, "random"},
+             {300, 512, 192, 8, 2, "concentrated", true, false},
              {1200, 512, 256, 16, 4, "random", false, true, false, "tM.wide.s4.act.dyn"}};
   for (const FfnCase& c : cases) check_case(c, seed);
 }

@@ -129,13 +129,20 @@ TEST(Plan, FfnLayerPlansEveryBatch) {
       EXPECT_EQ(b.from_ids.error, "") << "T=" << b.first;
     }
   }
-  Shape odd = layer.shape;
-  odd.inter = 192;
-  try {
-    plan(odd, layer.routing, Options{}, d);
-    ADD_FAILURE() << "I = 192 planned";
-  } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("multiple of 128"), std::string::npos) << e.what();
+  // I a multiple of 16 but not of 128: gate and up rows in blocks of their own (GEMM 1's weight
+  // segments); GEMM 2 (K = I) on weights-on-M sorted rows at every batch (token tiles take K a
+  // multiple of 128).
+  for (const int64_t inter : {int64_t(192), int64_t(320), int64_t(16)}) {
+    Shape odd = layer.shape;
+    odd.inter = inter;
+    odd.tokens = 65536;
+    const Plan p = plan(odd, layer.routing, Options{}, d);
+    check_plan(p);
+    for (const auto& b : p.buckets->buckets) {
+      EXPECT_EQ(b.from_logits.error, "") << "I=" << inter << " T=" << b.first;
+      EXPECT_EQ(b.from_ids.error, "") << "I=" << inter << " T=" << b.first;
+      EXPECT_TRUE(std::holds_alternative<WeightsOnMConfig>(b.from_logits.gemm2)) << key(b.from_logits.gemm2);
+    }
   }
 }
 

@@ -77,11 +77,11 @@ struct CombineHandoff {
       ptx::mbar_wait(&s.epi.full, phase);
       const int4 chunk = s.epi.chunk;
       if (chunk.y < 0) break;
-      const int n = chunk.z * kBlockM + 4 * lane;
+      const int n = a.seg.first_row(chunk.z) + 4 * lane, end = a.seg.end_row(chunk.z);
       for (int col = epilogue_warp; col < chunk.y; col += kEpilogueWarps) {
         const float w = s.epi.row_weight[col];
         const float4 v = *reinterpret_cast<const float4*>(&s.epi.cols[half][col][4 * quad]);
-        if (n >= a.n) continue;
+        if (n >= end) continue;
         if (a.atomic)
           ptx::red_add_v4_f32(a.out + int64_t(s.epi.row_token[col]) * a.n + n, w * v.x, w * v.y, w * v.z, w * v.w);
         else

@@ -45,6 +45,8 @@ struct CombineInConsumers {
     // Published by the first barrier below; overwritten only after the chunk's last barrier.
     s.epi.chunk_weight[consumer][wg_row] = row_w;
     s.epi.chunk_token[consumer][wg_row] = row_t;
+    // The block's output columns (its segment's rows; past the segment's end: not stored).
+    const int n_first = a.seg.first_row(nb) + consumer * 64, n_end = a.seg.end_row(nb);
 #pragma unroll
     for (int cg = 0; cg < (W + kCols - 1) / kCols; ++cg) {
       constexpr int kGroupCols = W < kCols ? W : kCols;
@@ -53,8 +55,8 @@ struct CombineInConsumers {
       for (int item = wg_thread; item < kGroupCols * 16; item += 128) {
         const int col = item / 16, quad = item % 16;
         const int chunk_col = cg * kCols + col;
-        const int n = nb * kBlockM + consumer * 64 + 4 * quad;
-        if (chunk_col < chunk_rows && n < a.n) {
+        const int n = n_first + 4 * quad;
+        if (chunk_col < chunk_rows && n < n_end) {
           const int row = row0 + chunk_col;
           const float w = s.epi.chunk_weight[consumer][chunk_col];
           const float4 v = *reinterpret_cast<const float4*>(&stage_cols[col][4 * quad]);

@@ -112,8 +112,8 @@ __device__ __forceinline__ void stage_block(StagedCombineStorage& e, const Recor
   }
   if (wg_thread < 64) o.token[wg_thread] = token;
   if (wg_thread == 0) {
-    o.col0 = nb * kTileCols;
-    o.bytes = nb < a.nblocks ? min(kTileCols, a.n - nb * kTileCols) * 4 : 0;
+    o.col0 = a.seg.first_row(nb);
+    o.bytes = nb < a.nblocks ? min(kTileCols, a.seg.end_row(nb) - o.col0) * 4 : 0;
   }
   ptx::fence_proxy_async_shared();  // this thread's stores, before the async proxy reads them
   ptx::mbar_arrive(&e.full[consumer]);
@@ -131,6 +131,8 @@ __device__ __forceinline__ void store_rows(const Record& m, const A& a, const fl
   const bool ok = my_row - row_base < wg_rows;
   const float wt = m.weight[my_row];
   float* dst = a.out + int64_t(m.row0 + my_row) * a.n;
+  // The block's output columns (its segment's rows; a wide unit's block past the last: none).
+  const int n_first = a.seg.first_row(nb), n_end = nb < a.nblocks ? a.seg.end_row(nb) : 0;
   release_record();  // every read of the unit's record is done
 #pragma unroll
   for (int j = 0; j < 16; ++j) {
@@ -140,8 +142,9 @@ __device__ __forceinline__ void store_rows(const Record& m, const A& a, const fl
     const float got1 = __shfl_xor_sync(0xffffffffu, give1, 1);
     const float v0 = even ? final_acc[4 * j + 0] : got0, v1 = even ? final_acc[4 * j + 1] : got1;
     const float v2 = even ? got0 : final_acc[4 * j + 2], v3 = even ? got1 : final_acc[4 * j + 3];
-    const int n = nb * kTileCols + 8 * j + 4 * (q / 2);
-    if (ok && n < a.n) *reinterpret_cast<float4*>(dst + n) = make_float4(wt * v0, wt * v1, wt * v2, wt * v3);
+    const int n = n_first + 8 * j + 4 * (q / 2);
+    if (ok && n < n_end)
+      *reinterpret_cast<float4*>(dst + n) = make_float4(wt * v0, wt * v1, wt * v2, wt * v3);
   }
 }
 

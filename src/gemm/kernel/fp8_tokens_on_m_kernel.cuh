@@ -25,6 +25,7 @@
 #include "gemm/promote_rows.cuh"
 #include "gemm/scheduler/expert_tiles.cuh"
 #include "gemm/scheduler/work_queue.cuh"
+#include "gemm/weight_segments.hpp"
 #include "ptx/cp_async.cuh"
 #include "ptx/mbarrier.cuh"
 #include "ptx/pdl.cuh"
@@ -49,6 +50,7 @@ struct TokensOnMArgs {
   int weights_evict_first;  // TokensOnMConfig::weights_evict_first
   int x_evict_last;         // TokensOnMConfig::x_evict_last
   int32_t* queue;           // dynamic tail (TokensOnMConfig::dynamic): the work queue; nullptr: round robin
+  WeightSegments seg;       // block nb's weight rows and output columns (set after the rest)
 };
 
 // The SiLU*up epilogue's instance (kAct; GemmFp8Params::act): units are (row tile, I block); weight
@@ -241,16 +243,20 @@ struct TokensOnMKernel {
       }
       if (!traced_first_tma) LOOM_TRACE(kGemmFirstDecoded);
       mc.advance();
+      // The unit's weight rows, block j: a wide unit past the last weight block (an odd number of
+      // them) loads the last one again, and the warpgroup that takes it drops every output.
+      int w_rows[Sh::kBlocks];
+#pragma unroll
+      for (int j = 0; j < Sh::kBlocks; ++j) {
+        if constexpr (kAct)  // gate block nb, then up block nb (w13's up rows start at row inter)
+          w_rows[j] = unit.expert * a.n + (j == 0 ? 0 : a.inter) + unit.nb * kTileCols;
+        else
+          w_rows[j] = unit.expert * a.n + a.seg.first_row(min(unit.nb + j, a.nblocks - 1));
+      }
       for (int kb = 0; kb < a.kblocks; ++kb)
 #pragma unroll
         for (int j = 0; j < Sh::kBlocks; ++j) {
-          // A wide unit past the last weight block (an odd number of them) loads the last one
-          // again: the warpgroup that takes it drops every output (columns >= N).
-          int w_row;
-          if constexpr (kAct)  // gate block nb, then up block nb (w13's up rows start at row inter)
-            w_row = unit.expert * a.n + (j == 0 ? 0 : a.inter) + unit.nb * kTileCols;
-          else
-            w_row = unit.expert * a.n + min(unit.nb + j, a.nblocks - 1) * kTileCols;
+          const int w_row = w_rows[j];
           [[maybe_unused]] const uint32_t ph_wait = Probe::clock();
           ptx::mbar_wait(&s.empty[st.stage], st.phase ^ 1);
           Probe::add(ph, kPhEmptyWait, Probe::clock() - ph_wait);

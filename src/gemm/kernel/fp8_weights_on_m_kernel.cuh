@@ -23,6 +23,7 @@
 #include "gemm/mainloop/fp8_weights_on_m.cuh"
 #include "gemm/operand/sorted_rows.cuh"
 #include "gemm/scheduler/expert_walk.cuh"
+#include "gemm/weight_segments.hpp"
 #include "ptx/barrier.cuh"
 #include "ptx/pdl.cuh"
 #include "ptx/tma.cuh"
@@ -42,6 +43,7 @@ struct WeightsOnMArgs {
   const float* row_weight;
   float* out;
   int experts, n, k, nblocks, kblocks;
+  WeightSegments seg;  // block nb's weight rows and output columns
   int atomic;
   int dense;
   int split_k, kblocks_per_split;

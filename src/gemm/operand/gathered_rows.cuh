@@ -110,6 +110,7 @@ struct GatheredRows {
         ahead = true;
       }
       const int e = unit.expert, nb = unit.nb;
+      const int w_row = e * a.n + a.seg.first_row(nb);  // the unit's first weight row
 #ifdef LOOM_CHAIN_TRACE
       if (pt == 0 && weights.first) LOOM_TRACE(kGemmFirstRows);
 #endif
@@ -120,7 +121,7 @@ struct GatheredRows {
         if (pt == 0) {
           ptx::mbar_wait(&s.empty[ps.stage], ps.phase ^ 1);
           ptx::mbar_arrive_expect_tx(&s.full[ps.stage], kWTileBytes);
-          weights.load(s.w[ps.stage], unit.kb_begin, e * a.n + nb * kBlockM, &s.full[ps.stage]);
+          weights.load(s.w[ps.stage], unit.kb_begin, w_row, &s.full[ps.stage]);
         }
         if (early) ptx::pdl_wait();  // the row tokens and activations below (once per thread suffices)
         // Every thread has issued the previous chunk's copies (their addresses are taken at issue).
@@ -134,7 +135,7 @@ struct GatheredRows {
           ptx::mbar_wait(&s.empty[ps.stage], ps.phase ^ 1);
           if (pt == 0 && kb != unit.kb_begin) {
             ptx::mbar_arrive_expect_tx(&s.full[ps.stage], kWTileBytes);
-            weights.load(s.w[ps.stage], kb, e * a.n + nb * kBlockM, &s.full[ps.stage]);
+            weights.load(s.w[ps.stage], kb, w_row, &s.full[ps.stage]);
           }
           const int kcol = kb * kBlockK + piece * 16;
           uint8_t* tile = s.x[ps.stage];

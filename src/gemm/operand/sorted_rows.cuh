@@ -138,6 +138,7 @@ struct SortedRows {
     PipelineState<QuadScales::kSlots> quad;  // the scale-quad ring
     auto load_unit = [&](const Unit& unit, int index, bool dynamic) {
       const int e = unit.expert, nb = unit.nb;
+      const int w_row = e * a.n + a.seg.first_row(nb);  // the unit's first weight row
       int row_begin, rows;
       unit_rows<kFrom>(s.walk, a, unit, row_begin, rows);
 #ifdef LOOM_CHAIN_TRACE
@@ -164,7 +165,7 @@ struct SortedRows {
           }
           ptx::mbar_wait(&s.empty[ps.stage], ps.phase ^ 1);
           ptx::mbar_arrive_expect_tx(&s.full[ps.stage], bytes);
-          weights.load(s.w[ps.stage], kb, e * a.n + nb * kBlockM, &s.full[ps.stage]);
+          weights.load(s.w[ps.stage], kb, w_row, &s.full[ps.stage]);
           if (a.x_evict_first)
             ptx::tma_load_2d_hint(s.x[ps.stage], &p.maps.x[wi], kb * kBlockK, row_begin + chunk, &s.full[ps.stage],
                                   ptx::l2_policy_evict_first());
