@@ -1,5 +1,7 @@
 #include "gemm/combine_rows_sm90.cuh"
 
+#include <cuda_bf16.h>
+
 #include <cstdint>
 #include <string>
 
@@ -56,7 +58,13 @@ __global__ void __launch_bounds__(kThreads) combine_rows_kernel(const CombineRow
         }
       }
     }
-    reinterpret_cast<float4*>(p.out + int64_t(t) * p.cols)[c] = acc;
+    if (p.out_bf16 != nullptr) {
+      const __nv_bfloat162 lo = __floats2bfloat162_rn(acc.x, acc.y), hi = __floats2bfloat162_rn(acc.z, acc.w);
+      reinterpret_cast<uint2*>(p.out_bf16 + int64_t(t) * p.cols)[c] =
+          make_uint2(*reinterpret_cast<const uint32_t*>(&lo), *reinterpret_cast<const uint32_t*>(&hi));
+    } else {
+      reinterpret_cast<float4*>(p.out + int64_t(t) * p.cols)[c] = acc;
+    }
   }
 }
 
@@ -71,8 +79,10 @@ void launch_combine_rows(const CombineRowsParams& p, cudaStream_t stream, bool p
   if (p.topk <= 0) throw Error(who + "topk must be positive, got " + std::to_string(p.topk));
   if (p.cols <= 0 || p.cols % 4 != 0)
     throw Error(who + "cols must be a positive multiple of 4, got " + std::to_string(p.cols));
-  if (!p.y || !p.route_row || !p.out) throw Error(who + "null buffer");
-  if (!aligned16(p.y) || !aligned16(p.out)) throw Error(who + "y and out must be 16-byte aligned");
+  if (!p.y || !p.route_row || (p.out == nullptr) == (p.out_bf16 == nullptr))
+    throw Error(who + "null buffer (y, route_row, and exactly one of out and out_bf16)");
+  if (!aligned16(p.y) || (p.out && !aligned16(p.out)) || (reinterpret_cast<uintptr_t>(p.out_bf16) & 7u) != 0)
+    throw Error(who + "y and out must be 16-byte aligned, out_bf16 8-byte");
   if (int64_t(p.tokens) * p.topk > INT32_MAX) throw Error(who + "problem too large");
 
   const int64_t total = int64_t(p.tokens) * (p.cols / 4);

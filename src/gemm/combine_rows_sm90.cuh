@@ -5,7 +5,8 @@
 //
 // Exact arithmetic, per element: acc = 0.0f; then for j = 0..k-1 with route_row[t*k+j] >= 0,
 // acc = acc + y[row, n] (one fp32 add each, round to nearest, no reassociation). A token whose routes
-// are all dropped gets +0.
+// are all dropped gets +0. With out_bf16 (the ffn layer's output), acc is then rounded to bf16
+// (nearest even), as gemm/to_bf16_sm90 rounds the fast combine's accumulator.
 //
 // Host-includable: plain declarations only.
 #pragma once
@@ -20,7 +21,8 @@ struct CombineRowsParams {
   const float* y = nullptr;            // [R, N] weighted rows, 16-byte aligned
   const int32_t* route_row = nullptr;  // [T*k]
   int tokens = 0, topk = 0, cols = 0;  // cols = N, a positive multiple of 4 (16 in loom)
-  float* out = nullptr;                // [T, N] fp32, 16-byte aligned
+  float* out = nullptr;                // [T, N] fp32, 16-byte aligned; or
+  uint16_t* out_bf16 = nullptr;        // [T, N] bf16, 8-byte aligned (exactly one of the two)
 };
 
 // Enqueues the kernel on `stream`; pdl: launch with the programmatic-dependent-launch attribute.

@@ -291,10 +291,14 @@ void run_stages(const Plan& p, const Weights& w, const Inputs& in, void* output,
     cp.tokens = T;
     cp.topk = k;
     cp.cols = int(ffn ? s.hidden : s.inter);
-    cp.out = ffn ? acc : static_cast<float*>(output);
+    // ffn: the combine rounds to the bf16 output itself (no accumulator pass).
+    if (ffn)
+      cp.out_bf16 = static_cast<uint16_t*>(output);
+    else
+      cp.out = static_cast<float*>(output);
     launch_combine_rows(cp, stream, pdl);
   }
-  if (ffn && do_out) {
+  if (ffn && do_out && !launches.combine_rows) {
     ToBf16Params tb;
     tb.in = acc;
     tb.out = static_cast<uint16_t*>(output);

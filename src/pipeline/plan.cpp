@@ -372,8 +372,8 @@ std::string Launches::summary(bool from_logits) const {
     if (!fused_act(gemm)) add("silu*up+quant");
     add("gemm2 " + key(gemm2));
   }
-  if (combine_rows) add("combine");
-  if (ffn) add("bf16");
+  if (combine_rows) add(ffn ? "combine+bf16" : "combine");  // ffn: the combine writes the bf16 output
+  else if (ffn) add("bf16");
   return s;
 }
 

@@ -15,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "common/bf16.hpp"
 #include "common/cuda_check.hpp"
 #include "common/rng.hpp"
 #include "dispatch/dispatch_ref.hpp"
@@ -175,6 +176,23 @@ void run_case(const Case& c, uint64_t seed, Totals& totals) {
     ADD_FAILURE() << s.str();
   }
   EXPECT_LE(worst_rel, 1e-6) << "worst row " << worst_row << " against the double sum";
+
+  // The bf16 output (the ffn layer's): the same fp32 sum, rounded to nearest even, bit for bit.
+  DevBuf d_out16(size_t(T * N) * 2);
+  d_out16.upload(std::vector<uint16_t>(size_t(T * N), 0x7fc1));  // NaN poison
+  CombineRowsParams pb = p;
+  pb.out = nullptr;
+  pb.out_bf16 = d_out16.as<uint16_t>();
+  launch_combine_rows(pb, stream.get(), true);
+  stream.sync();
+  const std::vector<uint16_t> b16 = d_out16.to_host<uint16_t>();
+  int64_t bf16_bad = 0;
+  for (int64_t i = 0; i < T * N; ++i) {
+    float f;
+    std::memcpy(&f, &got_bits[size_t(i)], 4);
+    bf16_bad += b16[size_t(i)] != float_to_bf16(f).bits;
+  }
+  EXPECT_EQ(bf16_bad, 0) << "bf16 outputs other than the nearest-even rounding of the fp32 sum";
 }
 
 TEST(CombineRowsGpu, SlotOrderFp32SumBitwiseAndDeterministic) {
@@ -253,6 +271,12 @@ TEST(CombineRows, LauncherChecksShapes) {
   bad([](CombineRowsParams& q) { q.route_row = nullptr; });
   bad([&](CombineRowsParams& q) { q.y = static_cast<const float*>(fake(0x10004)); });
   bad([&](CombineRowsParams& q) { q.out = static_cast<float*>(fake(0x30008)); });
+  bad([&](CombineRowsParams& q) { q.out_bf16 = static_cast<uint16_t*>(fake(0x40000)); });  // both outputs
+  bad([&](CombineRowsParams& q) {
+    q.out = nullptr;
+    q.out_bf16 = static_cast<uint16_t*>(fake(0x40004));  // misaligned
+  });
+  bad([&](CombineRowsParams& q) { q.out = nullptr; });  // neither
 }
 
 }  // namespace
