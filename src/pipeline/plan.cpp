@@ -322,7 +322,8 @@ Plan plan(const Shape& s, const Routing& r, const Options& o, const DeviceSpec& 
   L.act = carve(c, ffn ? size_t(Rp) * size_t(s.inter) : 0);
   L.act_scales = carve(c, ffn ? size_t(scale_floats(quant_blocks(s.inter), Rp)) * 4 : 0);  // either layout
   L.gemm2_queue = L.gemm_queue + kWorkQueueWords * sizeof(int32_t);
-  L.acc = carve(c, ffn ? size_t(T) * size_t(s.hidden) * 4 : 0);
+  // The fast combine's fp32 accumulator (the deterministic combine writes the bf16 output itself).
+  L.acc = carve(c, ffn && !o.deterministic ? size_t(T) * size_t(s.hidden) * 4 : 0);
   L.total = c;
   L.x_rows = x_rows;
   p.buckets = buckets;

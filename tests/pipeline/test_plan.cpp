@@ -109,7 +109,7 @@ TEST(Plan, FfnLayerPlansEveryBatch) {
       const int64_t Rp = padded_rows(s.routes());
       EXPECT_GE(p.layout.act - p.layout.h, size_t(Rp * 2 * s.inter * 4));
       EXPECT_GE(p.layout.act_scales - p.layout.act, size_t(Rp * s.inter));
-      EXPECT_GE(p.layout.total - p.layout.acc, size_t(tokens * s.hidden * 4));
+      EXPECT_GE(p.layout.total - p.layout.acc, deterministic ? size_t(0) : size_t(tokens * s.hidden * 4));
       EXPECT_NE(describe(p).find("gemm2 wM.sorted"), std::string::npos) << describe(p);
       if (tokens >= 8192) {  // prefill: GEMM 2 on token tiles over the intermediate's sorted rows
         EXPECT_NE(describe(p).find(".sorted.s4."), std::string::npos) << describe(p);
