@@ -6,8 +6,9 @@
 MANIFEST lists one run a line: the JSON file, a tab, the `loom bench` arguments that made it
 (scripts/gpu-check.sh writes it as logs/bench-manifest.tsv). One table per run: per token count,
 the GEMM config launched and the launches before it, end-to-end / GEMM-alone / glue times (median of
-cold-L2 graph replays), the floor measured in the same run and the ratio, with the commit and the
-command that reproduce the row.
+cold-L2 graph replays), the floor measured in the same run and the ratio, TFLOP/s on compact routed
+rows, and for the ffn layer its stages timed alone, with the commit and the command that reproduce
+the row.
 """
 import json
 import os
@@ -44,7 +45,9 @@ def main():
            "`scripts/gpu-check.sh` (do not edit by hand; history and experiments are in `journal/`).",
            "Times in µs: medians of CUDA-graph replays with cold L2 [p10, p90]; GEMM = the grouped GEMM "
            "alone on the same workspace; glue = e2e − GEMM; floor = max(SoL read of the hit experts' "
-           "weights, cuBLASLt dense GEMM of the same FLOPs), measured in the same run.", ""]
+           "weights, cuBLASLt dense GEMM of the same FLOPs), measured in the same run; TFLOP/s = the "
+           "FLOPs of the compact routed rows (T·k) over e2e. ffn stages: GEMM 1 / SiLU·mul+quantise / "
+           "GEMM 2 / combine or bf16 pass, each timed alone (launch included; '-' where fused).", ""]
     for args, records in runs:
         if not records:
             continue
@@ -57,8 +60,10 @@ def main():
                    f"k={f['shape']['topk']} {f['shape']['dtype']} {f['shape']['mode']}, {f['routing']}, "
                    f"dist {f['distribution']}; {dev.get('name', 'no device')}, commit `{f['commit']}`")
         out.append("")
-        out.append("| T | GEMM config | launches | e2e [p10, p90] | GEMM | glue | floor | e2e/floor | rel-err |")
-        out.append("| ---: | --- | --- | --- | ---: | ---: | ---: | ---: | ---: |")
+        ffn = f["shape"]["mode"] == "ffn"
+        out.append("| T | GEMM config | launches | e2e [p10, p90] | GEMM | glue | floor | e2e/floor | TFLOP/s | "
+                   + ("ffn stages | " if ffn else "") + "rel-err |")
+        out.append("| ---: | --- | --- | --- | ---: | ---: | ---: | ---: | ---: | " + ("--- | " if ffn else "") + "---: |")
         for r in records:
             e2e, gemm = stats(r, "e2e"), stats(r, "gemm")
             floor = r["sol"].get("floor_us") if r["sol"].get("measured") else None
@@ -67,9 +72,15 @@ def main():
             ratio = e2e["median_us"] / floor if e2e and floor else None
             check = r.get("check", {}).get("rel_err")
             launches = r.get("launches", "").replace("|", "/")
+            flops = r.get("metrics", {}).get("flops")
+            tflops = flops / (e2e["median_us"] * 1e6) if flops and e2e else None
+            stages = ""
+            if ffn:
+                parts = [stats(r, n) for n in ("gemm1", "act", "gemm2", "out")]
+                stages = " / ".join(fmt(p["median_us"] if p else None) for p in parts) + " | "
             out.append(f"| {r['shape']['tokens']} | `{r.get('gemm_config', '')}` | {launches} | {e2e_s} | "
                        f"{fmt(gemm['median_us'] if gemm else None)} | {fmt(glue)} | {fmt(floor)} | "
-                       f"{fmt(ratio, '{:.3f}')} | {fmt(check, '{:.1e}')} |")
+                       f"{fmt(ratio, '{:.3f}')} | {fmt(tflops)} | {stages}{fmt(check, '{:.1e}')} |")
         out.append("")
     sys.stdout.write("\n".join(out) + "\n")
 
