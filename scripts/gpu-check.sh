@@ -79,9 +79,10 @@ if [ -z "${SKIP_SKELETON:-}" ] && [ -x "$lab" ]; then
 fi
 
 # The runs docs/perf/current.md shows: the T sweep; deterministic, PDL-off and eager variants;
-# skewed distributions; the same for the ffn layer (qwen35-layer).
+# skewed distributions; the same for the ffn layer (qwen35-layer); the glue where few experts make
+# its bins contend (H 4096, E 8, k 2).
 runs=()
-[ "${CHECK_BENCH:-}" != "-" ] && IFS=';' read -r -a runs <<< "${CHECK_BENCH:---preset qwen35-single --tokens 1,8,32,128,512,2048,8192;--preset qwen35-single --tokens 1,128,2048 --deterministic;--preset qwen35-single --tokens 1,128 --no-pdl --no-check;--preset qwen35-single --tokens 1,128 --eager --no-check;--preset qwen35-single --dist zipf:1.2 --no-check;--preset qwen35-single --dist hot:0.9 --no-check;--preset qwen35-single --dist concentrated --no-check;--preset qwen35-layer --tokens 1,8,32,128,512,2048,8192;--preset qwen35-layer --tokens 1,8,32,128,512,2048,8192 --deterministic;--preset qwen35-layer --tokens 1,128,2048,8192 --dist zipf:1.2 --no-check;--preset qwen35-layer --tokens 1,128,2048,8192 --dist hot:0.9 --no-check}"
+[ "${CHECK_BENCH:-}" != "-" ] && IFS=';' read -r -a runs <<< "${CHECK_BENCH:---preset qwen35-single --tokens 1,8,32,128,512,2048,8192;--preset qwen35-single --tokens 1,128,2048 --deterministic;--preset qwen35-single --tokens 1,128 --no-pdl --no-check;--preset qwen35-single --tokens 1,128 --eager --no-check;--preset qwen35-single --dist zipf:1.2 --no-check;--preset qwen35-single --dist hot:0.9 --no-check;--preset qwen35-single --dist concentrated --no-check;--preset qwen35-layer --tokens 1,8,32,128,512,2048,8192;--preset qwen35-layer --tokens 1,8,32,128,512,2048,8192 --deterministic;--preset qwen35-layer --tokens 1,128,2048,8192 --dist zipf:1.2 --no-check;--preset qwen35-layer --tokens 1,128,2048,8192 --dist hot:0.9 --no-check;--preset qwen35-single --hidden 4096 --experts 8 --topk 2 --tokens 1,128,4096,16384 --no-check}"
 : > "$out/logs/bench-manifest.tsv"
 i=0
 for run in "${runs[@]}"; do

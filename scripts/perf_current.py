@@ -47,7 +47,9 @@ def main():
            "alone on the same workspace; glue = e2e − GEMM; floor = max(SoL read of the hit experts' "
            "weights, cuBLASLt dense GEMM of the same FLOPs), measured in the same run; TFLOP/s = the "
            "FLOPs of the compact routed rows (T·k) over e2e. ffn stages: GEMM 1 / SiLU·mul+quantise / "
-           "GEMM 2 / combine or bf16 pass, each timed alone (launch included; '-' where fused).", ""]
+           "GEMM 2 / combine or bf16 pass, each timed alone (launch included; '-' where fused). glue/copy = "
+           "the glue chain alone over a device copy of the bytes it must move (`metrics.glue_bytes`), both "
+           "cold.", ""]
     for args, records in runs:
         if not records:
             continue
@@ -62,8 +64,9 @@ def main():
         out.append("")
         ffn = f["shape"]["mode"] == "ffn"
         out.append("| T | GEMM config | launches | e2e [p10, p90] | GEMM | glue | floor | e2e/floor | TFLOP/s | "
-                   + ("ffn stages | " if ffn else "") + "rel-err |")
-        out.append("| ---: | --- | --- | --- | ---: | ---: | ---: | ---: | ---: | " + ("--- | " if ffn else "") + "---: |")
+                   + ("ffn stages | " if ffn else "") + "glue/copy | rel-err |")
+        out.append("| ---: | --- | --- | --- | ---: | ---: | ---: | ---: | ---: | " + ("--- | " if ffn else "") +
+                   "---: | ---: |")
         for r in records:
             e2e, gemm = stats(r, "e2e"), stats(r, "gemm")
             floor = r["sol"].get("floor_us") if r["sol"].get("measured") else None
@@ -78,9 +81,12 @@ def main():
             if ffn:
                 parts = [stats(r, n) for n in ("gemm1", "act", "gemm2", "out")]
                 stages = " / ".join(fmt(p["median_us"] if p else None) for p in parts) + " | "
+            chain, copy = stats(r, "glue_chain"), stats(r, "glue_copy")
+            glue_ratio = chain["median_us"] / copy["median_us"] if chain and copy else None
             out.append(f"| {r['shape']['tokens']} | `{r.get('gemm_config', '')}` | {launches} | {e2e_s} | "
                        f"{fmt(gemm['median_us'] if gemm else None)} | {fmt(glue)} | {fmt(floor)} | "
-                       f"{fmt(ratio, '{:.3f}')} | {fmt(tflops)} | {stages}{fmt(check, '{:.1e}')} |")
+                       f"{fmt(ratio, '{:.3f}')} | {fmt(tflops)} | {stages}{fmt(glue_ratio, '{:.2f}')} | "
+                       f"{fmt(check, '{:.1e}')} |")
         out.append("")
     sys.stdout.write("\n".join(out) + "\n")
 

@@ -345,6 +345,17 @@ void measure_gpu(const BenchOptions& opt, const Plan& plan, const Shape& s, cons
     };
     r.gpu.push_back(Timed{label, timer.time(f, cold.copies, cold.mode, brief), Stats{}});
   }
+  // The glue's floor: a device-to-device copy moving as many bytes as the glue must (half read,
+  // half written), timed as the glue is (graph replays, cold L2).
+  r.work.glue_bytes = glue_bytes(s, from_logits, chain.sorted_rows);
+  {
+    const size_t half = size_t((r.work.glue_bytes / 2 + 15) / 16 * 16);
+    DeviceBuffer src(half), dst(half);
+    auto copy = [&](cudaStream_t st2, int) {
+      LOOM_CUDA_CHECK(cudaMemcpyAsync(dst.get(), src.get(), half, cudaMemcpyDeviceToDevice, st2));
+    };
+    r.gpu.push_back(Timed{"glue_copy", timer.time(copy, 1, L2Mode::flush, brief), Stats{}});
+  }
   // ffn: each part of the GEMM stage alone (gemm = all four in order).
   const bool act_in_gemm1 = s.mode == Mode::ffn && fused_act(launches_for(plan, s.tokens, from_logits).gemm);
   if (s.mode == Mode::ffn)

@@ -29,6 +29,14 @@ Work layer_work(const Shape& s, const std::vector<int32_t>& counts, bool from_lo
   return w;
 }
 
+int64_t glue_bytes(const Shape& s, bool from_logits, bool sorted_rows) {
+  const int64_t R = s.routes(), rows = sorted_rows ? R : s.tokens;
+  const int64_t routing = from_logits ? 4 * s.tokens * s.experts + 8 * R : 8 * R;
+  const int64_t layout = 4 * (s.experts + 1) + 12 * R;
+  const int64_t activations = 2 * s.tokens * s.hidden + rows * s.hidden + 4 * rows * quant_blocks(s.hidden);
+  return routing + layout + activations;
+}
+
 double peak_tflops(DType dtype) { return dtype == DType::fp8 ? kPeakFp8Tflops : kPeakBf16Tflops; }
 
 }  // namespace loom::bench

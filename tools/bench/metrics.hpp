@@ -17,11 +17,19 @@ struct Work {
   int64_t experts_hit = 0;       // experts with >= 1 route
   int64_t weight_bytes = 0;      // their weights, block scales included
   int64_t activation_bytes = 0;  // hidden + routing inputs in, output out
+  int64_t glue_bytes = 0;        // what the routing, dispatch and quantisation move (glue_bytes)
   int64_t bytes() const { return weight_bytes + activation_bytes; }
 };
 
 // counts: per-expert routes [E]. from_logits: routing input is router logits (else top-k ids/weights).
 Work layer_work(const Shape& shape, const std::vector<int32_t>& counts, bool from_logits);
+
+// The bytes the glue (routing, dispatch, quantisation) must move: router logits (or the top-k ids
+// and weights) and the bf16 hidden states read; the top-k ids and weights (from logits), the
+// dispatch layout (offsets; per route its sorted row, token and weight) and the FP8 activation rows
+// with their 1x128 scales written, one row per token or, where the GEMM reads expert-sorted rows,
+// one per route.
+int64_t glue_bytes(const Shape& shape, bool from_logits, bool sorted_rows);
 
 // One expert's weight bytes (fp8 codes plus fp32 block scales, or bf16), both matrices in ffn mode.
 int64_t expert_weight_bytes(const Shape& shape);

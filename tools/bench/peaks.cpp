@@ -63,6 +63,26 @@ std::pair<std::string, std::string> run_peaks(const PeaksOptions& opt, std::ostr
   }
   js.end_array();
 
+  // The device copy rate (a device-to-device copy; read and written bytes both counted): the rate
+  // `loom bench` holds the glue to, as a copy of the glue's bytes.
+  {
+    const int64_t bytes = int64_t(1) << 30;
+    DeviceBuffer src{size_t(bytes)}, dst{size_t(bytes)};
+    fill_random_e4m3(src.get(), bytes, 9, timer.stream());
+    log << "copy 1024 MiB\n";
+    const Stats s = timer.time(
+        [&](cudaStream_t st, int) {
+          LOOM_CUDA_CHECK(cudaMemcpyAsync(dst.get(), src.get(), size_t(bytes), cudaMemcpyDeviceToDevice, st));
+        },
+        1, L2Mode::flush, TimerOptions{std::min(opt.timer.reps, 100), 5});
+    const double tbps = 2.0 * double(bytes) / (s.median_us * 1e6);
+    std::snprintf(line, sizeof line, "%-28s %8.1fus %8.1fus %8.1fus %8.2f TB/s  read + write, cudaMemcpyAsync\n",
+                  "copy 1024 MiB", s.median_us, s.p10_us, s.p90_us, tbps);
+    table << line;
+    js.key("copy").begin_object().field("bytes", bytes).field("median_us", s.median_us).field("tb_per_s", tbps);
+    js.end_object();
+  }
+
   js.key("gemm").begin_array();
   for (DType dt : {DType::fp8, DType::bf16}) {
     const int64_t n = opt.gemm_size;

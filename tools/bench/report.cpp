@@ -63,7 +63,7 @@ std::string to_json(const std::vector<Record>& records) {
     w.key("metrics").begin_object();
     w.field("flops", r.work.flops).field("experts_hit", r.work.experts_hit);
     w.field("weight_bytes", r.work.weight_bytes).field("activation_bytes", r.work.activation_bytes);
-    w.field("bytes", r.work.bytes());
+    w.field("bytes", r.work.bytes()).field("glue_bytes", r.work.glue_bytes);
     w.end_object();
     w.key("timings").begin_object();
     for (const Timed& t : r.gpu) {
@@ -198,6 +198,12 @@ std::string to_table(const std::vector<Record>& records) {
                              "dispatch", "dispatch+quant", "quant", "glue_chain"})
       if (const Timed* t = r.find(name)) parts += std::string(parts.empty() ? "" : ", ") + name + " " + fmt("%.1f", t->cold.median_us);
     if (!parts.empty()) o << "stages alone (T=" << r.shape.tokens << ", us): " << parts << "\n";
+    const Timed *chain = r.find("glue_chain"), *copy = r.find("glue_copy");
+    if (chain && copy)
+      o << "glue (T=" << r.shape.tokens << "): " << fmt("%.2f", double(r.work.glue_bytes) / (1 << 20))
+        << " MiB to move; the chain alone " << fmt("%.1f", chain->cold.median_us) << " us, a device copy of as many bytes "
+        << fmt("%.1f", copy->cold.median_us) << " us: " << fmt("%.2f", chain->cold.median_us / copy->cold.median_us)
+        << "x\n";
   }
   for (const Record& r : records)
     if (!r.launches.empty()) o << "launches (T=" << r.shape.tokens << "): " << r.launches << "\n";
