@@ -56,6 +56,19 @@ TEST(Metrics, CompactRowFlopsAndRoutedWeightBytes) {
   EXPECT_EQ(wf.activation_bytes, 2 * 16 * 3072 + 8 * 16 * 8 + 2 * 16 * 3072);
 }
 
+// The glue's bytes at the contended shape (H 4096, E 8, k 2, T 4096): logits in, ids and
+// weights out, the layout, hidden in, FP8 rows and scales out (per token, or per route when the
+// GEMM reads sorted rows).
+TEST(Metrics, GlueBytesCountWhatTheGlueMustMove) {
+  const Shape s{4096, 4096, 512, 8, 2, Mode::single, DType::fp8};
+  const int64_t R = 4096 * 2;
+  const int64_t common = 4 * 4096 * 8 + 8 * R + 4 * 9 + 12 * R + 2 * 4096 * 4096;
+  EXPECT_EQ(glue_bytes(s, true, false), common + 4096 * 4096 + 4 * 4096 * 32);
+  EXPECT_EQ(glue_bytes(s, true, true), common + R * 4096 + 4 * R * 32);
+  // From ids: the ids and weights read instead of the logits, none written.
+  EXPECT_EQ(glue_bytes(s, false, false), common - 4 * 4096 * 8 + 4096 * 4096 + 4 * 4096 * 32);
+}
+
 TEST(Metrics, SolGemmShapesCarryTheLayerFlops) {
   Shape f{64, 2048, 512, 256, 8, Mode::ffn, DType::fp8};
   const auto g = sol_gemm_shapes(f);
