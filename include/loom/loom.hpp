@@ -36,7 +36,11 @@ struct Options {
   bool expert_bins = true;
   // A GEMM config key (e.g. "tM.tall.s4.bulk.dyn", see `loom info`) that every batch runs instead of
   // the chooser's; plan() rejects one the shape or these options cannot run. Empty: the chooser.
+  // ffn mode: GEMM 1's.
   std::string gemm_config;
+  // ffn mode: GEMM 2's config key in the same way (a config that reads the intermediate's sorted
+  // rows: wM.sorted... or tM.<tall|wide>.sorted...). Empty: the chooser.
+  std::string gemm2_config;
 };
 
 // The device a plan is made for: what the plan's choices depend on. A plan can be made for a

@@ -148,7 +148,9 @@ Launches decide_ffn(const Shape& s, const Routing& r, const Options& o, const De
   p2.k = s.inter;
   p2.deterministic = o.deterministic;
   const GemmConfig chosen = choose_gemm_config(p2, dev);
-  if (const auto* tm = std::get_if<TokensOnMConfig>(&chosen)) {
+  if (!o.gemm2_config.empty()) {
+    l.gemm2 = parse_gemm_key(o.gemm2_config);
+  } else if (const auto* tm = std::get_if<TokensOnMConfig>(&chosen)) {
     TokensOnMConfig g2 = *tm;
     g2.sorted = true;
     l.gemm2 = g2;
@@ -168,6 +170,14 @@ Launches decide_ffn(const Shape& s, const Routing& r, const Options& o, const De
   if (l.error.empty()) {
     try {
       validate(l.gemm2);
+      const XSource xs2 = x_source(l.gemm2);
+      if (xs2 != XSource::sorted_rows && xs2 != XSource::sorted_fragments)
+        throw Error("GEMM 2 reads the intermediate by sorted row: a wM.sorted or tM.<tall|wide>.sorted config");
+      if (combine_stores_rows(l.gemm2) != o.deterministic)
+        throw Error(o.deterministic ? "reduces into the output: the deterministic combine needs a config that stores rows"
+                                    : "stores route rows: the fast combine needs a config that reduces");
+      if (const auto* wm = std::get_if<WeightsOnMConfig>(&l.gemm2); wm && wm->balanced)
+        throw Error("balanced shares are for gathered rows");
       check_shape(l.gemm2, s.hidden, s.inter, s.experts, tokens * s.topk);
     } catch (const Error& e) {
       l.error = "ffn GEMM 2 (" + key(l.gemm2) + "): " + e.what();
@@ -260,6 +270,8 @@ Plan plan(const Shape& s, const Routing& r, const Options& o, const DeviceSpec& 
   if (device.major != 9) throw Error("loom's kernels are built for sm_90a; device " + device.name + " is not sm_90");
   if (device.sm_count < 1 || device.l2_bytes < 1) throw Error("device " + device.name + ": no SM count or L2 size");
   const DeviceInfo dev = device_info(device);
+  if (!o.gemm2_config.empty() && s.mode != Mode::ffn)
+    throw Error("gemm2_config is ffn GEMM 2's: single mode has one GEMM (gemm_config)");
   std::optional<GemmConfig> override_config;
   if (!o.gemm_config.empty()) {
     override_config = parse_gemm_key(o.gemm_config);  // ffn: GEMM 1's

@@ -146,6 +146,39 @@ TEST(Plan, FfnLayerPlansEveryBatch) {
   }
 }
 
+// Options::gemm2_config: ffn GEMM 2 on the key at every batch; a key that does not read the
+// intermediate's sorted rows, or whose combine is not the plan's, or any key in single mode, is
+// rejected by plan() with the reason.
+TEST(Plan, Gemm2ConfigOverridesFfnGemm2) {
+  const Preset& layer = find_preset("qwen35-layer");
+  const DeviceSpec d = device_spec("h200");
+  Shape s = layer.shape;
+  s.tokens = 4096;
+  Options o;
+  o.gemm2_config = "wM.sorted.s6.red.dense.dyn";
+  const Plan p = plan(s, layer.routing, o, d);
+  for (const auto& b : p.buckets->buckets) {
+    EXPECT_EQ(key(b.from_logits.gemm2), o.gemm2_config) << "T=" << b.first;
+    EXPECT_EQ(b.from_logits.error, "") << "T=" << b.first;
+  }
+  auto rejected = [&](const Shape& shape, const Options& opt, const std::string& says) {
+    try {
+      plan(shape, layer.routing, opt, d);
+      ADD_FAILURE() << opt.gemm2_config << " planned; expected: " << says;
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(says), std::string::npos) << e.what();
+    }
+  };
+  Options gather = o;
+  gather.gemm2_config = "wM.gather.s8.red.compact";
+  rejected(s, gather, "reads the intermediate by sorted row");
+  Options det = o;
+  det.deterministic = true;
+  rejected(s, det, "the deterministic combine needs a config that stores rows");
+  Shape single = find_preset("qwen35-single").shape;
+  rejected(single, o, "single mode has one GEMM");
+}
+
 TEST(Plan, BucketsFollowTheChooserAcrossOptions) {
   const Routing r = find_preset("qwen35-single").routing;
   const DeviceSpec d = device_spec("h200");

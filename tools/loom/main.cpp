@@ -24,10 +24,11 @@ constexpr const char* kUsage = R"(loom - fused MoE kernels for Hopper: benchmark
 
 usage:
   loom bench [options]   time the MoE layer on a workload (default: --preset qwen35-single)
-  loom peaks [options]   measure the device's read bandwidth and dense GEMM rates
+  loom peaks [options]   measure the device's read and copy bandwidth and dense GEMM rates
   loom info [options]    show the device and the plan loom would use for a shape: what each range
                          of token counts launches, and the GEMM configs; --device h200|h100 plans
-                         for a described device (no GPU needed), --gemm-config KEY as in bench
+                         for a described device (no GPU needed), --gemm-config and
+                         --gemm2-config KEY as in bench
   loom help              this text
 
 workload options (bench, info):
@@ -49,7 +50,8 @@ bench options:
   --no-bins              the count and dispatch kernels instead of the routing's expert bins
                          (register-loaded GEMM batches, and gathering ones above 32 tokens)
   --gemm-config KEY      run every batch on this GEMM config (a key `loom info` lists, e.g.
-                         tM.tall.s4.bulk.dyn) instead of the chooser's
+                         tM.tall.s4.bulk.dyn) instead of the chooser's (ffn: GEMM 1's)
+  --gemm2-config KEY     ffn: GEMM 2's config (wM.sorted... or tM.<tall|wide>.sorted...)
   --dist-logits          run a distribution of ids (balanced, zipf, hot, ...) from router logits
                          whose softmax top-k are those ids, through the routing kernel
   --no-check             skip the comparison of the GPU output with the CPU reference
@@ -120,7 +122,8 @@ std::vector<std::string> rest(int argc, char** argv) { return std::vector<std::s
 
 int cmd_bench(int argc, char** argv) {
   std::set<std::string> valued = kWorkloadFlags;
-  valued.insert({"reps", "warmup", "json", "csv", "max-copies", "max-cpu-gflop", "trace-chain", "gemm-config"});
+  valued.insert({"reps", "warmup", "json", "csv", "max-copies", "max-cpu-gflop", "trace-chain", "gemm-config",
+                 "gemm2-config"});
   const Args a(rest(argc, argv), valued,
                {"no-renorm", "sweep", "no-sol", "deterministic", "no-pdl", "eager", "no-check", "no-fuse", "no-bins",
                 "dist-logits"});
@@ -146,6 +149,7 @@ int cmd_bench(int argc, char** argv) {
   opt.layer.fuse_small_batch = !a.has("no-fuse");
   opt.layer.expert_bins = !a.has("no-bins");
   opt.layer.gemm_config = a.str("gemm-config", "");
+  opt.layer.gemm2_config = a.str("gemm2-config", "");
   opt.timer.graph = !a.has("eager");
   opt.check = !a.has("no-check");
   opt.trace_chain = int(a.integer("trace-chain", 0));
@@ -172,7 +176,7 @@ int cmd_peaks(int argc, char** argv) {
 
 int cmd_info(int argc, char** argv) {
   std::set<std::string> valued = kWorkloadFlags;
-  valued.insert({"device", "gemm-config"});
+  valued.insert({"device", "gemm-config", "gemm2-config"});
   const Args a(rest(argc, argv), valued, {"no-renorm", "sweep", "deterministic", "no-pdl", "no-fuse", "no-bins"});
   const Workload w = parse_workload(a);
   std::cout << "loom " << loom::build_commit() << "\n";
@@ -201,6 +205,7 @@ int cmd_info(int argc, char** argv) {
   opt.fuse_small_batch = !a.has("no-fuse");
   opt.expert_bins = !a.has("no-bins");
   opt.gemm_config = a.str("gemm-config", "");
+  opt.gemm2_config = a.str("gemm2-config", "");
   loom::Shape s = w.shape;
   s.tokens = *std::max_element(w.tokens.begin(), w.tokens.end());
   if (!spec) {
@@ -211,7 +216,7 @@ int cmd_info(int argc, char** argv) {
     const loom::Plan p = loom::plan(s, w.routing, opt, *spec);
     std::cout << "plan (GPU):\n" << loom::describe(p);
   } catch (const Error& e) {
-    if (!opt.gemm_config.empty()) throw;  // a key that cannot run is the user's error
+    if (!opt.gemm_config.empty() || !opt.gemm2_config.empty()) throw;  // a key that cannot run is the user's error
     std::cout << "plan: CPU reference only (" << e.what() << ")\n";
   }
   return 0;
