@@ -45,6 +45,13 @@ void check_config_against_params(const GemmFp8Params& p, const GemmConfig& cfg, 
   if (p.segment_rows < 0 || (p.segment_rows > 0 && (p.segment_rows % 16 || p.n % p.segment_rows)))
     throw Error(who + "segment_rows must be 0 or a multiple of 16 that divides N, got " +
                 std::to_string(p.segment_rows) + " (N=" + std::to_string(p.n) + ")");
+  if (p.l2_prefetch != nullptr && !std::holds_alternative<WeightsOnMConfig>(cfg))
+    throw Error(who + key(cfg) + ": l2_prefetch is issued by the weights-on-M kernels only");
+  if (p.l2_prefetch != nullptr &&
+      (p.l2_prefetch_expert_bytes <= 0 || p.l2_prefetch_expert_bytes % 16 ||
+       reinterpret_cast<uintptr_t>(p.l2_prefetch) % 16 || p.l2_prefetch_expert_bytes >= (int64_t(1) << 31)))
+    throw Error(who + "l2_prefetch needs a 16-byte aligned array of a positive multiple of 16 bytes per expert, "
+                "below 2 GiB");
   // The resident-rows kernel cuts N into plain 128-row blocks.
   if (std::holds_alternative<ResidentConfig>(cfg) && p.segment_rows > 0 && p.segment_rows % kBlockM)
     throw Error(who + key(cfg) + " cuts N into plain 128-row blocks: segment_rows must be a multiple of 128, got " +
@@ -268,6 +275,9 @@ void launch_gemm_fp8_weights_on_m(const GemmFp8Params& p, const WeightsOnMConfig
   a.grid_div = FastDivisor(uint32_t(grid));
   a.early_ids = p.early_ids;
   a.early_routes = p.early_routes;
+  a.l2_prefetch = p.l2_prefetch;
+  a.l2_prefetch_expert_bytes = p.l2_prefetch_expert_bytes;
+  a.l2_prefetch_max_bytes = p.l2_prefetch_max_bytes;
   using namespace gemm;
   switch (cfg.rows) {
     case WmRows::bins:

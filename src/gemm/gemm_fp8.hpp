@@ -81,6 +81,13 @@ struct GemmFp8Params {
   // for the kernel before to complete. That kernel must clear them before it lets this one launch.
   const uint32_t* early_ids = nullptr;
   int early_routes = 0;
+  // Optional (weights-on-M compact walks): once the walk knows the experts with rows, the CTAs bulk
+  // prefetch into L2 those experts' slices of another expert-major array (ffn GEMM 1: w2, so that
+  // GEMM 2 reads it from L2 and the two weight streams overlap): expert e's bytes are
+  // [l2_prefetch + e * l2_prefetch_expert_bytes, + l2_prefetch_expert_bytes). Skipped when the hit
+  // experts' bytes exceed l2_prefetch_max_bytes.
+  const uint8_t* l2_prefetch = nullptr;
+  int64_t l2_prefetch_expert_bytes = 0, l2_prefetch_max_bytes = 0;
   int experts = 0, n = 0, k = 0;
   CombineMode combine = CombineMode::atomic;
   // The SiLU*up epilogue (TokensOnMConfig::act, ffn GEMM 1 with N = 2I on w13): writes the

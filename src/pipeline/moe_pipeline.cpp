@@ -212,6 +212,14 @@ void run_stages(const Plan& p, const Weights& w, const Inputs& in, void* output,
     gp.n = int(2 * s.inter);
     gp.segment_rows = int(s.inter);  // gate and up rows each in their own 128-row blocks
     gp.combine = CombineMode::store;
+    // A weights-on-M GEMM 1 walking the experts with rows prefetches their w2 into L2, where it
+    // fits beside what GEMM 1 streams (a quarter of L2): GEMM 2's weights then come from L2, and
+    // the two weight streams overlap.
+    if (std::holds_alternative<WeightsOnMConfig>(gc)) {
+      gp.l2_prefetch = static_cast<const uint8_t*>(w.w2);
+      gp.l2_prefetch_expert_bytes = s.hidden * s.inter;
+      gp.l2_prefetch_max_bytes = p.l2_bytes / 4;
+    }
     if (act_in_gemm1) {  // ... or the intermediate itself, as GEMM 2 reads it
       const GemmConfig& gc2 = launches.gemm2;
       gp.out = nullptr;

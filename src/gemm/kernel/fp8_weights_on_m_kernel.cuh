@@ -64,6 +64,9 @@ struct WeightsOnMArgs {
   // GemmFp8Params::early_ids (gathering compact walks only; nullptr: none) and early_routes.
   const uint32_t* early_ids;
   int early_routes;
+  // GemmFp8Params::l2_prefetch and its sizes (compact walks; nullptr: none).
+  const uint8_t* l2_prefetch;
+  int64_t l2_prefetch_expert_bytes, l2_prefetch_max_bytes;
 };
 
 template <class SourceT, class EpilogueT, ExpertsFrom kFrom, int kStagesT>
@@ -108,7 +111,27 @@ struct WeightsOnMKernel {
     if (threadIdx.x == 0) LOOM_TRACE(kGemmWaited);
     const int units = prepare_walk<kFrom, Group>(s.walk, p.a);
     if (threadIdx.x == 0) LOOM_TRACE(kGemmUnits);
+    if (threadIdx.x == 0) prefetch_hit_experts(s.walk, p.a);
     return units;
+  }
+  // GemmFp8Params::l2_prefetch: the hit experts' slices, this CTA's share of their concatenation,
+  // in bulk prefetches of at most kPiece bytes that stop at each slice's end. Only a hint: nothing
+  // waits for it. (A share is the limit over the grid: a few pieces.)
+  static __device__ __forceinline__ void prefetch_hit_experts(const WalkStorage& w, const Args& a) {
+    constexpr int64_t kPiece = 64 << 10;
+    if (a.l2_prefetch == nullptr || a.dense || kFrom == ExpertsFrom::bins) return;
+    const int64_t per = a.l2_prefetch_expert_bytes, total = int64_t(w.hit_count) * per;
+    if (total == 0 || total > a.l2_prefetch_max_bytes) return;
+    // This CTA's share [at, end) of the concatenation, on 16-byte boundaries (per is a multiple of 16).
+    const int64_t grid = gridDim.x, b = blockIdx.x;
+    int64_t at = total * b / grid / 16 * 16;
+    const int64_t end = b + 1 == grid ? total : total * (b + 1) / grid / 16 * 16;
+    while (at < end) {
+      const int slot = int(at / per);
+      const int64_t off = at - int64_t(slot) * per, bytes = min(min(kPiece, end - at), per - off);
+      ptx::prefetch_l2_bulk(a.l2_prefetch + int64_t(w.hit_experts[slot]) * per + off, uint32_t(bytes));
+      at += bytes;
+    }
   }
   static __device__ __forceinline__ Schedule prepare(SharedStorage& s, const Params& p) {
     __syncthreads();  // the barriers' initialisation
