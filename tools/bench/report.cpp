@@ -198,6 +198,10 @@ std::string to_table(const std::vector<Record>& records) {
                              "dispatch", "dispatch+quant", "quant", "glue_chain"})
       if (const Timed* t = r.find(name)) parts += std::string(parts.empty() ? "" : ", ") + name + " " + fmt("%.1f", t->cold.median_us);
     if (!parts.empty()) o << "stages alone (T=" << r.shape.tokens << ", us): " << parts << "\n";
+    std::string ffn;
+    for (const char* name : {"gemm1", "act", "gemm2", "out"})
+      if (const Timed* t = r.find(name)) ffn += std::string(ffn.empty() ? "" : ", ") + name + " " + fmt("%.1f", t->cold.median_us);
+    if (!ffn.empty()) o << "ffn stages alone (T=" << r.shape.tokens << ", us): " << ffn << "\n";
     const Timed *chain = r.find("glue_chain"), *copy = r.find("glue_copy");
     if (chain && copy)
       o << "glue (T=" << r.shape.tokens << "): " << fmt("%.2f", double(r.work.glue_bytes) / (1 << 20))
