@@ -88,6 +88,12 @@ struct GemmFp8Params {
   // experts' bytes exceed l2_prefetch_max_bytes.
   const uint8_t* l2_prefetch = nullptr;
   int64_t l2_prefetch_expert_bytes = 0, l2_prefetch_max_bytes = 0;
+  // WeightsOnMConfig::convert: out (fp32 [out_rows, N], reduced into) rounded to out_bf16 [out_rows,
+  // N] block by block; column_done: ceil(N/128) int32 counters, zero when the kernel starts (it
+  // leaves them zero).
+  uint16_t* out_bf16 = nullptr;
+  int32_t* column_done = nullptr;
+  int out_rows = 0;
   int experts = 0, n = 0, k = 0;
   CombineMode combine = CombineMode::atomic;
   // The SiLU*up epilogue (TokensOnMConfig::act, ffn GEMM 1 with N = 2I on w13): writes the

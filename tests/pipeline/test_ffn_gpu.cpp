@@ -43,7 +43,8 @@ struct FfnCase {
   bool deterministic = false;
   bool from_logits = true;  // random distribution only: route on the GPU (softmax: the CPU's ids exactly)
   bool gpu_reference = false;  // large shapes: the independent GPU reference instead of layer_ref
-  const char* gemm_config = nullptr;  // GEMM 1's config (Options::gemm_config), else the chooser's
+  const char* gemm_config = nullptr;   // GEMM 1's config (Options::gemm_config), else the chooser's
+  const char* gemm2_config = nullptr;  // GEMM 2's (Options::gemm2_config)
 };
 
 struct FfnRun {
@@ -76,6 +77,7 @@ struct FfnRun {
     Options o;
     o.deterministic = c.deterministic;
     if (c.gemm_config) o.gemm_config = c.gemm_config;
+    if (c.gemm2_config) o.gemm2_config = c.gemm2_config;
     plan = loom::plan(shape, Routing{}, o);
     ws = DeviceBuffer(workspace_bytes(plan));
     test::fill(ws.get(), 0xff, ws.bytes());  // a run depends on no workspace contents
@@ -210,7 +212,8 @@ void check_case(const FfnCase& c, uint64_t seed) {
   SCOPED_TRACE(testing::Message() << "T=" << c.tokens << " H=" << c.hidden << " I=" << c.inter << " E=" << c.experts
                                   << " k=" << c.topk << " " << c.dist
                                   << (c.deterministic ? " deterministic" : " fast") << (c.from_logits ? " logits" : " ids")
-                                  << (c.gemm_config ? " GEMM 1 " : "") << (c.gemm_config ? c.gemm_config : ""));
+                                  << (c.gemm_config ? " GEMM 1 " : "") << (c.gemm_config ? c.gemm_config : "")
+                                  << (c.gemm2_config ? " GEMM 2 " : "") << (c.gemm2_config ? c.gemm2_config : ""));
   FfnRun r(c, seed);
   check_output(r, to_float(r.run_once()), r.routes.topk, c.gpu_reference);
   const LayerStatus st = read_status(r.plan, r.ws.get(), nullptr);
@@ -242,7 +245,15 @@ TEST(FfnGpu, MatchesCpuReferenceFromDecodeToPrefill) {
                              {2048, 1024, 80, 32, 8, "random"},
                              // GEMM 1 with the intermediate in its epilogue (asked for by key)
                              {1000, 2048, 512, 64, 8, "zipf:1.2", false, true, false, "tM.wide.s4.act.dyn"},
-                             {2048, 1024, 384, 16, 4, "random", false, false, false, "tM.wide.s4.act.dyn.exl"}};
+                             {2048, 1024, 384, 16, 4, "random", false, false, false, "tM.wide.s4.act.dyn.exl"},
+                             // GEMM 2 rounding the output itself (asked for by key): split K, compact
+                             // and dense walks, skew
+                             {1, 2048, 512, 256, 8, "random", false, true, false, nullptr,
+                              "wM.sorted.s6.red.compact.k2.dyn.cvt"},
+                             {17, 2048, 512, 64, 8, "zipf:1.2", false, false, false, nullptr,
+                              "wM.sorted.s6.red.compact.dyn.cvt"},
+                             {128, 2048, 512, 256, 8, "random", false, true, false, nullptr,
+                              "wM.sorted.s6.red.dense.dyn.efw.cvt"}};
   if (!test::sanitizer().empty())  // instrumented: the same paths on narrower layers
     cases = {{1, 512, 256, 16, 2, "random"},
              {17, 512, 256, 16, 2, "random"},
@@ -250,7 +261,8 @@ TEST(FfnGpu, MatchesCpuReferenceFromDecodeToPrefill) {
              {300, 512, 256, 8, 2, "concentrated", false, false},
              {1200, 512, 256, 16, 4, "random"},
              {300, 512, 192, 8, 2, "concentrated", true, false},
-             {1200, 512, 256, 16, 4, "random", false, true, false, "tM.wide.s4.act.dyn"}};
+             {1200, 512, 256, 16, 4, "random", false, true, false, "tM.wide.s4.act.dyn"},
+             {17, 512, 256, 16, 2, "random", false, true, false, nullptr, "wM.sorted.s6.red.compact.k2.dyn.cvt"}};
   for (const FfnCase& c : cases) check_case(c, seed);
 }
 
@@ -350,6 +362,15 @@ TEST(FfnGpu, BadIdsAndNanLogitsAreCountedNotFatal) {
   EXPECT_EQ(read_status(n.plan, n.ws.get(), nullptr).nan_tokens, 2u);
   for (float v : got2) ASSERT_TRUE(std::isfinite(v));
   check_output(n, got2, route_ref(logits.data(), 16, 8, 2, Routing{}), false);
+
+  // Every route dropped, GEMM 2 rounding the output itself: no column block completes, and the
+  // (zero) output is still written.
+  FfnRun z({16, 256, 128, 8, 2, "balanced", false, false, false, nullptr, "wM.sorted.s6.red.compact.dyn.cvt"}, seed + 9);
+  TopK none = z.routes.topk;
+  for (int32_t& id : none.ids) id = -1;
+  z.ids = DeviceBuffer::from(none.ids);
+  for (uint16_t b : z.run_once()) ASSERT_EQ(b & 0x7fff, 0) << "the output of a layer with no routed row is 0";
+  EXPECT_EQ(read_status(z.plan, z.ws.get(), nullptr).dropped_routes, 32u);
 }
 
 TEST(FfnGpu, ZeroTokensLaunchesNothing) {
