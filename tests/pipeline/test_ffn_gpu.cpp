@@ -253,7 +253,10 @@ TEST(FfnGpu, MatchesCpuReferenceFromDecodeToPrefill) {
                              {17, 2048, 512, 64, 8, "zipf:1.2", false, false, false, nullptr,
                               "wM.sorted.s6.red.compact.dyn.cvt"},
                              {128, 2048, 512, 256, 8, "random", false, true, false, nullptr,
-                              "wM.sorted.s6.red.dense.dyn.efw.cvt"}};
+                              "wM.sorted.s6.red.dense.dyn.efw.cvt"},
+                             // GEMM 2 with the hand-off epilogue (row-quad scales from the intermediate's kernel)
+                             {512, 2048, 512, 64, 8, "random", false, true, false, nullptr,
+                              "wM.sorted.s4.ho.red.dense.dyn.efw"}};
   if (!test::sanitizer().empty())  // instrumented: the same paths on narrower layers
     cases = {{1, 512, 256, 16, 2, "random"},
              {17, 512, 256, 16, 2, "random"},
