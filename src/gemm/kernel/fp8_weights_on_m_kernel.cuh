@@ -124,7 +124,7 @@ struct WeightsOnMKernel {
   // in bulk prefetches of at most kPiece bytes that stop at each slice's end. Only a hint: nothing
   // waits for it. (A share is the limit over the grid: a few pieces.)
   static __device__ __forceinline__ void prefetch_hit_experts(const WalkStorage& w, const Args& a) {
-    constexpr int64_t kPiece = 64 << 10;
+    constexpr int64_t kPiece = 16 << 10;  // a weight tile's bytes
     if (a.l2_prefetch == nullptr || a.dense || kFrom == ExpertsFrom::bins) return;
     const int64_t per = a.l2_prefetch_expert_bytes, total = int64_t(w.hit_count) * per;
     if (total == 0 || total > a.l2_prefetch_max_bytes) return;
