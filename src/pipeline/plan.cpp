@@ -41,6 +41,12 @@ DeviceInfo device_info(const DeviceSpec& d) {
   return i;
 }
 
+// Why a config whose combine is not the options' cannot run.
+std::string combine_mismatch(bool deterministic) {
+  return deterministic ? "reduces into the output: the deterministic combine needs a config that stores rows"
+                       : "stores route rows: the fast combine needs a config that reduces";
+}
+
 // Everything a batch of `tokens` launches, routed from logits or from precomputed ids.
 Launches decide(const Shape& s, const Routing& r, const Options& o, const DeviceInfo& dev,
                 const std::optional<GemmConfig>& override_config, int64_t tokens, bool from_logits) {
@@ -65,8 +71,7 @@ Launches decide(const Shape& s, const Routing& r, const Options& o, const Device
     return l;
   };
   if (combine_stores_rows(l.gemm) != o.deterministic)
-    return fail(o.deterministic ? "reduces into the output: the deterministic combine needs a config that stores rows"
-                                : "stores route rows: the fast combine needs a config that reduces");
+    return fail(combine_mismatch(o.deterministic));
   const XSource xs = x_source(l.gemm);
   if (xs == XSource::sorted_fragments)
     return fail("reads the ffn intermediate's sorted rows in fragment order: ffn GEMM 2 only");
@@ -174,8 +179,7 @@ Launches decide_ffn(const Shape& s, const Routing& r, const Options& o, const De
       if (xs2 != XSource::sorted_rows && xs2 != XSource::sorted_fragments)
         throw Error("GEMM 2 reads the intermediate by sorted row: a wM.sorted or tM.<tall|wide>.sorted config");
       if (combine_stores_rows(l.gemm2) != o.deterministic)
-        throw Error(o.deterministic ? "reduces into the output: the deterministic combine needs a config that stores rows"
-                                    : "stores route rows: the fast combine needs a config that reduces");
+        throw Error(combine_mismatch(o.deterministic));
       if (const auto* wm = std::get_if<WeightsOnMConfig>(&l.gemm2); wm && wm->balanced)
         throw Error("balanced shares are for gathered rows");
       check_shape(l.gemm2, s.hidden, s.inter, s.experts, tokens * s.topk);

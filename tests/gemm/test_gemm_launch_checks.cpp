@@ -42,6 +42,16 @@ GemmFp8Params act_params() {
   return p;
 }
 
+// A weights-on-M launch's parameters (no intermediate, group-major scales), writing `out`.
+GemmFp8Params plain_params(CombineMode combine) {
+  GemmFp8Params p = act_params();
+  p.act = {};
+  p.x_scale_layout = ScaleLayout::group_major;
+  p.combine = combine;
+  p.out = fake<float>(0xa0000);
+  return p;
+}
+
 void expect_rejected(const GemmFp8Params& p, const GemmConfig& cfg, const std::string& says) {
   DeviceInfo dev;
   dev.sm_count = 132;
@@ -99,11 +109,7 @@ TEST(GemmLaunchChecks, SortedRowTokenTilesNeedOffsets) {
 // Weight segments (ffn w13 with I not a multiple of 128): a multiple of 16 that divides N; the
 // resident-rows kernel cuts N into plain 128-row blocks only.
 TEST(GemmLaunchChecks, WeightSegmentsDivideNIntoWholeSegments) {
-  GemmFp8Params p = act_params();
-  p.act = {};
-  p.x_scale_layout = ScaleLayout::group_major;
-  p.combine = CombineMode::store;
-  p.out = fake<float>(0xa0000);
+  GemmFp8Params p = plain_params(CombineMode::store);
   p.n = 384;
   const GemmConfig sorted = parse_gemm_key("wM.sorted.s6.store.dense.dyn");
   p.segment_rows = 100;
@@ -120,11 +126,7 @@ TEST(GemmLaunchChecks, WeightSegmentsDivideNIntoWholeSegments) {
 // The L2 prefetch of another expert-major array (ffn GEMM 1 prefetching w2): weights-on-M only,
 // whole 16-byte pieces per expert.
 TEST(GemmLaunchChecks, L2PrefetchTakesWholeSixteenBytePieces) {
-  GemmFp8Params p = act_params();
-  p.act = {};
-  p.x_scale_layout = ScaleLayout::group_major;
-  p.combine = CombineMode::store;
-  p.out = fake<float>(0xa0000);
+  GemmFp8Params p = plain_params(CombineMode::store);
   p.l2_prefetch = fake<const uint8_t>(0xb0000);
   p.l2_prefetch_expert_bytes = 2048 * 512 + 8;
   p.l2_prefetch_max_bytes = 15 << 20;
@@ -141,11 +143,7 @@ TEST(GemmLaunchChecks, L2PrefetchTakesWholeSixteenBytePieces) {
 // A GEMM 2 that rounds its output to bf16 needs the bf16 output, the counters and the row count;
 // the bf16 output is for such a config only.
 TEST(GemmLaunchChecks, ConversionToBf16NeedsItsBuffers) {
-  GemmFp8Params p = act_params();
-  p.act = {};
-  p.x_scale_layout = ScaleLayout::group_major;
-  p.combine = CombineMode::atomic;
-  p.out = fake<float>(0xa0000);
+  GemmFp8Params p = plain_params(CombineMode::atomic);
   p.n = 2048;
   p.k = 512;
   const GemmConfig cvt = parse_gemm_key("wM.sorted.s6.red.dense.dyn.cvt");
