@@ -3,7 +3,8 @@
 # gpu-check.sh). Per T in PROFILE_TOKENS (default "2048 8192"): one GEMM launch with the stall,
 # memory and source sections (report + SASS source page as CSV), and every kernel of one graph
 # replay with the speed-of-light section (their durations). Output under $OUT (or ./out).
-#   PROFILE_ARGS   extra `loom bench` arguments (e.g. "--dist zipf:1.2")
+#   PROFILE_PRESET the workload (default qwen35-single); PROFILE_ARGS extra `loom bench` arguments
+#                  (e.g. "--dist zipf:1.2")
 #   PROFILE_KERNEL kernel name regex for the detailed pass (default gemm_fp8)
 #   PROFILE_SKIP / PROFILE_COUNT  matching launches skipped / profiled in the detailed pass (3 / 1;
 #                  the glue kernels of one run: PROFILE_KERNEL='route|dispatch|quant' PROFILE_SKIP=0
@@ -16,7 +17,7 @@ export LD_LIBRARY_PATH=/usr/local/cuda/lib64${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH
 loom=${BUILD_DIR:-build}/tools/loom
 kernel=${PROFILE_KERNEL:-gemm_fp8}
 for t in ${PROFILE_TOKENS:-2048 8192}; do
-  bench=(bench --preset qwen35-single --tokens "$t" --no-sol --no-check ${PROFILE_ARGS:-})
+  bench=(bench --preset "${PROFILE_PRESET:-qwen35-single}" --tokens "$t" --no-sol --no-check ${PROFILE_ARGS:-})
   ncu --clock-control none -k "regex:$kernel" -s "${PROFILE_SKIP:-3}" -c "${PROFILE_COUNT:-1}" \
     --section SpeedOfLight --section WarpStateStats --section SchedulerStats --section SourceCounters \
     --section MemoryWorkloadAnalysis --section ComputeWorkloadAnalysis --section LaunchStats --section Occupancy \

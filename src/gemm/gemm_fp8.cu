@@ -45,13 +45,9 @@ void check_config_against_params(const GemmFp8Params& p, const GemmConfig& cfg, 
   if (p.segment_rows < 0 || (p.segment_rows > 0 && (p.segment_rows % 16 || p.n % p.segment_rows)))
     throw Error(who + "segment_rows must be 0 or a multiple of 16 that divides N, got " +
                 std::to_string(p.segment_rows) + " (N=" + std::to_string(p.n) + ")");
-  if (p.l2_prefetch != nullptr && !std::holds_alternative<WeightsOnMConfig>(cfg))
-    throw Error(who + key(cfg) + ": l2_prefetch is issued by the weights-on-M kernels only");
-  if (p.l2_prefetch != nullptr &&
-      (p.l2_prefetch_expert_bytes <= 0 || p.l2_prefetch_expert_bytes % 16 ||
-       reinterpret_cast<uintptr_t>(p.l2_prefetch) % 16 || p.l2_prefetch_expert_bytes >= (int64_t(1) << 31)))
-    throw Error(who + "l2_prefetch needs a 16-byte aligned array of a positive multiple of 16 bytes per expert, "
-                "below 2 GiB");
+  if (p.prewait_prefetch_bytes < 0) throw Error(who + "prewait_prefetch_bytes must not be negative");
+  if ((p.prewait_prefetch_bytes > 0 || p.walk_inputs_ready) && !std::holds_alternative<WeightsOnMConfig>(cfg))
+    throw Error(who + key(cfg) + ": the pre-wait weight prefetch is the weights-on-M kernels' only");
   const bool convert = converts_output(cfg);
   if (convert != (p.out_bf16 != nullptr))
     throw Error(who + key(cfg) + (convert ? " rounds the output to bf16: out_bf16 needed"
@@ -283,9 +279,12 @@ void launch_gemm_fp8_weights_on_m(const GemmFp8Params& p, const WeightsOnMConfig
   a.grid_div = FastDivisor(uint32_t(grid));
   a.early_ids = p.early_ids;
   a.early_routes = p.early_routes;
-  a.l2_prefetch = p.l2_prefetch;
-  a.l2_prefetch_expert_bytes = p.l2_prefetch_expert_bytes;
-  a.l2_prefetch_max_bytes = p.l2_prefetch_max_bytes;
+  // Sorted rows walked in whole units (round robin), under PDL: otherwise there is no wait to
+  // overlap, or the gathering walks' own warm-up and balanced shares take its place.
+  if (sorted && pdl && !cfg.balanced) {
+    a.prewait_bytes = p.prewait_prefetch_bytes / grid;
+    a.walk_inputs_ready = p.walk_inputs_ready ? 1 : 0;
+  }
   a.out_bf16 = cfg.convert ? p.out_bf16 : nullptr;
   a.column_done = p.column_done;
   a.out_rows = p.out_rows;

@@ -81,13 +81,13 @@ struct GemmFp8Params {
   // for the kernel before to complete. That kernel must clear them before it lets this one launch.
   const uint32_t* early_ids = nullptr;
   int early_routes = 0;
-  // Optional (weights-on-M compact walks): once the walk knows the experts with rows, the CTAs bulk
-  // prefetch into L2 those experts' slices of another expert-major array (ffn GEMM 1: w2, so that
-  // GEMM 2 reads it from L2 and the two weight streams overlap): expert e's bytes are
-  // [l2_prefetch + e * l2_prefetch_expert_bytes, + l2_prefetch_expert_bytes). Skipped when the hit
-  // experts' bytes exceed l2_prefetch_max_bytes.
-  const uint8_t* l2_prefetch = nullptr;
-  int64_t l2_prefetch_expert_bytes = 0, l2_prefetch_max_bytes = 0;
+  // Optional (weights-on-M sorted rows; under PDL): before the PDL wait each CTA bulk-prefetches into
+  // L2 its first units' weights, prewait_prefetch_bytes / grid of them (the weights are no kernel's
+  // output), so that the weight stream starts while the kernel before still runs. Dense walks only,
+  // unless walk_inputs_ready: the offsets and hit list were written by a kernel that the kernel
+  // before this one waited for (ffn GEMM 2), and the compact walk is built before the wait too.
+  int64_t prewait_prefetch_bytes = 0;
+  bool walk_inputs_ready = false;
   // WeightsOnMConfig::convert: out (fp32 [out_rows, N], reduced into) rounded to out_bf16 [out_rows,
   // N] block by block; column_done: ceil(N/128) int32 counters, zero when the kernel starts (it
   // leaves them zero).

@@ -216,14 +216,6 @@ void run_stages(const Plan& p, const Weights& w, const Inputs& in, void* output,
     gp.n = int(2 * s.inter);
     gp.segment_rows = int(s.inter);  // gate and up rows each in their own 128-row blocks
     gp.combine = CombineMode::store;
-    // A weights-on-M GEMM 1 walking the experts with rows prefetches their w2 into L2, where it
-    // fits beside what GEMM 1 streams (a quarter of L2): GEMM 2's weights then come from L2, and
-    // the two weight streams overlap.
-    if (std::holds_alternative<WeightsOnMConfig>(gc)) {
-      gp.l2_prefetch = static_cast<const uint8_t*>(w.w2);
-      gp.l2_prefetch_expert_bytes = s.hidden * s.inter;
-      gp.l2_prefetch_max_bytes = p.l2_bytes / 4;
-    }
     if (act_in_gemm1) {  // ... or the intermediate itself, as GEMM 2 reads it
       const GemmConfig& gc2 = launches.gemm2;
       gp.out = nullptr;
@@ -237,6 +229,9 @@ void run_stages(const Plan& p, const Weights& w, const Inputs& in, void* output,
   }
   gp.work_queue = uses_work_queue(gc) ? gemm_queue : nullptr;
   gp.hit_list = hit_list;
+  // A weights-on-M GEMM on a dense walk requests its first weights (an eighth of L2 over the grid)
+  // before its PDL wait, while the kernels before it finish.
+  if (std::holds_alternative<WeightsOnMConfig>(gc)) gp.prewait_prefetch_bytes = p.l2_bytes / 8;
   gp.early_ids = rp.early_ids;
   gp.early_routes = early_ids ? T * k : 0;
   if (chain.expert_bins) {
@@ -293,6 +288,13 @@ void run_stages(const Plan& p, const Weights& w, const Inputs& in, void* output,
     gp2.combine = p.options.deterministic ? CombineMode::store : CombineMode::atomic;
     gp2.work_queue = uses_work_queue(gc2) ? queue2 : nullptr;
     gp2.hit_list = hit_list;  // the fused small-batch kernel's, for a compact walk
+    // GEMM 2's walk reads only what the dispatch wrote, which GEMM 1 waited for before it let the
+    // SiLU*up kernel launch: a compact walk is built, and its first weights (a quarter of L2)
+    // requested, before its PDL wait. (On a dense walk this measured slower: session 44's journal.)
+    if (const auto* wm2 = std::get_if<WeightsOnMConfig>(&gc2); wm2 && !wm2->dense) {
+      gp2.prewait_prefetch_bytes = p.l2_bytes / 4;
+      gp2.walk_inputs_ready = true;
+    }
     if (gemm2_converts) {
       gp2.out_bf16 = static_cast<uint16_t*>(output);
       gp2.column_done = at<int32_t>(workspace, L.column_done);

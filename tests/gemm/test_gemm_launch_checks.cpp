@@ -123,21 +123,17 @@ TEST(GemmLaunchChecks, WeightSegmentsDivideNIntoWholeSegments) {
   expect_rejected(p, parse_gemm_key("wM.res.s5.bulk.dyn"), "segment_rows must be a multiple of 128");
 }
 
-// The L2 prefetch of another expert-major array (ffn GEMM 1 prefetching w2): weights-on-M only,
-// whole 16-byte pieces per expert.
-TEST(GemmLaunchChecks, L2PrefetchTakesWholeSixteenBytePieces) {
+// The pre-wait weight prefetch: a non-negative budget, weights-on-M only.
+TEST(GemmLaunchChecks, PrewaitPrefetchIsTheWeightsOnMKernels) {
   GemmFp8Params p = plain_params(CombineMode::store);
-  p.l2_prefetch = fake<const uint8_t>(0xb0000);
-  p.l2_prefetch_expert_bytes = 2048 * 512 + 8;
-  p.l2_prefetch_max_bytes = 15 << 20;
-  const GemmConfig sorted = parse_gemm_key("wM.sorted.s6.store.compact.dyn");
-  expect_rejected(p, sorted, "a positive multiple of 16 bytes per expert");
-  p.l2_prefetch_expert_bytes = 2048 * 512;
-  p.l2_prefetch = fake<const uint8_t>(0xb0008);
-  expect_rejected(p, sorted, "16-byte aligned");
-  p.l2_prefetch = fake<const uint8_t>(0xb0000);
+  p.prewait_prefetch_bytes = -1;
+  expect_rejected(p, parse_gemm_key("wM.sorted.s6.store.dense.dyn"), "must not be negative");
+  p.prewait_prefetch_bytes = 30 << 20;
   p.x_scale_layout = ScaleLayout::row_quads;
-  expect_rejected(p, parse_gemm_key("tM.tall.s4.store.dyn"), "weights-on-M kernels only");
+  expect_rejected(p, parse_gemm_key("tM.tall.s4.store.dyn"), "weights-on-M kernels' only");
+  p.prewait_prefetch_bytes = 0;
+  p.walk_inputs_ready = true;
+  expect_rejected(p, parse_gemm_key("tM.tall.s4.store.dyn"), "weights-on-M kernels' only");
 }
 
 // A GEMM 2 that rounds its output to bf16 needs the bf16 output, the counters and the row count;

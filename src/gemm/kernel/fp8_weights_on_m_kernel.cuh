@@ -64,9 +64,10 @@ struct WeightsOnMArgs {
   // GemmFp8Params::early_ids (gathering compact walks only; nullptr: none) and early_routes.
   const uint32_t* early_ids;
   int early_routes;
-  // GemmFp8Params::l2_prefetch and its sizes (compact walks; nullptr: none).
-  const uint8_t* l2_prefetch;
-  int64_t l2_prefetch_expert_bytes, l2_prefetch_max_bytes;
+  // GemmFp8Params::prewait_prefetch_bytes, this CTA's share (sorted rows; 0: none), and
+  // walk_inputs_ready.
+  int64_t prewait_bytes;
+  int walk_inputs_ready;
   // GemmFp8Params::out_bf16, column_done, out_rows (WeightsOnMConfig::convert; nullptr: none).
   uint16_t* out_bf16;
   int32_t* column_done;
@@ -110,33 +111,45 @@ struct WeightsOnMKernel {
   // Everything after the PDL wait reads what the dispatch and quantisation kernels wrote. Early
   // ids: the hit list comes from them before the PDL wait, which each thread then runs before its
   // first read of the layout or the activations (the producer threads after their first weight
-  // load, the consumers at once).
+  // load, the consumers at once). Sorted rows with a pre-wait prefetch: a walk that needs nothing
+  // the kernel before writes (dense, or walk_inputs_ready) is built before the wait, and this
+  // CTA's first weights are requested then.
   template <class Group>
   static __device__ __forceinline__ int wait_for_inputs(SharedStorage& s, const Params& p) {
+    const auto& a = p.a;
+    const bool early = kPrewait && a.prewait_bytes > 0 && (a.dense || a.walk_inputs_ready);
+    int units = 0;
+    if (early) {
+      units = prepare_walk<kFrom, Group>(s.walk, a);
+      prefetch_first_units<Group>(s.walk, a, units);
+    }
     if constexpr (kFrom != ExpertsFrom::early_ids) ptx::pdl_wait();
     if (threadIdx.x == 0) LOOM_TRACE(kGemmWaited);
-    const int units = prepare_walk<kFrom, Group>(s.walk, p.a);
+    if (!early) units = prepare_walk<kFrom, Group>(s.walk, a);
     if (threadIdx.x == 0) LOOM_TRACE(kGemmUnits);
-    if (threadIdx.x == 0) prefetch_hit_experts(s.walk, p.a);
     return units;
   }
-  // GemmFp8Params::l2_prefetch: the hit experts' slices, this CTA's share of their concatenation,
-  // in bulk prefetches of at most kPiece bytes that stop at each slice's end. Only a hint: nothing
-  // waits for it. (A share is the limit over the grid: a few pieces.)
-  static __device__ __forceinline__ void prefetch_hit_experts(const WalkStorage& w, const Args& a) {
-    constexpr int64_t kPiece = 16 << 10;  // a weight tile's bytes
-    if (a.l2_prefetch == nullptr || a.dense || kFrom == ExpertsFrom::bins) return;
-    const int64_t per = a.l2_prefetch_expert_bytes, total = int64_t(w.hit_count) * per;
-    if (total == 0 || total > a.l2_prefetch_max_bytes) return;
-    // This CTA's share [at, end) of the concatenation, on 16-byte boundaries (per is a multiple of 16).
-    const int64_t grid = gridDim.x, b = blockIdx.x;
-    int64_t at = total * b / grid / 16 * 16;
-    const int64_t end = b + 1 == grid ? total : total * (b + 1) / grid / 16 * 16;
-    while (at < end) {
-      const int slot = int(at / per);
-      const int64_t off = at - int64_t(slot) * per, bytes = min(min(kPiece, end - at), per - off);
-      ptx::prefetch_l2_bulk(a.l2_prefetch + int64_t(w.hit_experts[slot]) * per + off, uint32_t(bytes));
-      at += bytes;
+  static constexpr bool kPrewait = !Source::kGathered && kFrom == ExpertsFrom::offsets;
+  // This CTA's units in walk order (blockIdx.x, + gridDim.x, ...; a dynamic tail may hand the
+  // last ones to other CTAs, which then find them in L2 as well), K-first within each: thread t of
+  // the first 128 prefetches weight row t of each unit, up to its share of prewait_bytes. Only a
+  // hint: nothing waits for it.
+  template <class Group>
+  static __device__ __forceinline__ void prefetch_first_units(const WalkStorage& w, const Args& a, int units) {
+    constexpr int kRows = WeightSegments::kBlockRows, kBlockK = 128;
+    const int t = Group::rank();
+    if (t >= kRows) return;
+    int64_t left = a.prewait_bytes / kRows;
+#pragma unroll 1
+    for (int u = int(blockIdx.x); u < units && left >= 16; u += int(gridDim.x)) {
+      const Unit unit = decode_unit<kFrom>(w, a, u);
+      const int row = a.seg.first_row(unit.nb) + t;
+      const int64_t k0 = int64_t(unit.kb_begin) * kBlockK, k1 = min(int64_t(unit.kb_end) * kBlockK, int64_t(a.k));
+      const int64_t bytes = min(k1 - k0, left) / 16 * 16;  // K and the budget's share: multiples of 16 bytes
+      if (bytes <= 0) break;
+      if (row < a.seg.end_row(unit.nb))
+        ptx::prefetch_l2_bulk(a.weights + (int64_t(unit.expert) * a.n + row) * a.k + k0, uint32_t(bytes));
+      left -= bytes;
     }
   }
   static __device__ __forceinline__ Schedule prepare(SharedStorage& s, const Params& p) {
