@@ -113,6 +113,50 @@ TEST(QuantRef, ReciprocalDivisionKeepsEveryCode) {
   EXPECT_EQ(large_differences.load(), 0);
 }
 
+// divide_by_scale on fp32 values (GEMM 1's SiLU*up epilogue quantises fp32 act values so): the
+// same quotient as the IEEE division, bit for bit (|quotient| >= 2^-40), for scales over the whole
+// range of amax and x at and around every E4M3 value and rounding midpoint times the scale (the
+// places where a one-ulp difference would change a code), plus random x within the group's amax.
+TEST(QuantRef, ReciprocalDivisionKeepsFp32Quotients) {
+  LOOM_FRESH_SEED();
+  constexpr int kScales = 4096;
+  std::vector<float> amaxes(kScales);
+  Rng rng(seed);
+  for (float& a : amaxes) a = float(std::ldexp(rng.uniform(1.0, 2.0), int(rng.next() % 100) - 60));
+  // E4M3 magnitudes and the midpoints between neighbours (where round-to-nearest decides).
+  std::vector<float> points;
+  for (int c = 0; c < 0x7f; ++c) {
+    points.push_back(e4m3_to_float(uint8_t(c)));
+    points.push_back(0.5f * (e4m3_to_float(uint8_t(c)) + e4m3_to_float(uint8_t(c + 1))));
+  }
+  std::atomic<int64_t> pairs{0}, mismatches{0};
+  parallel_for(kScales, [&](int64_t i0, int64_t i1) {
+    int64_t n = 0, bad = 0;
+    Rng local(seed ^ uint64_t(i0 + 1) * 0x9e3779b97f4a7c15ull);
+    for (int64_t i = i0; i < i1; ++i) {
+      const float amax = amaxes[size_t(i)], scale = quant_scale(amax), rcp = 1.0f / scale;
+      auto check = [&](float x) {
+        if (!(std::fabs(x) <= amax)) return;
+        const float exact = x / scale, fast = divide_by_scale(x, scale, rcp);
+        ++n;
+        if (std::memcmp(&exact, &fast, sizeof exact) != 0 && (std::fabs(exact) >= 0x1p-40f || std::signbit(exact) != std::signbit(fast)))
+          ++bad;
+      };
+      for (float pt : points)
+        for (float sign : {1.0f, -1.0f}) {
+          float x = sign * pt * scale;
+          for (int step = 0; step < 4; ++step) x = std::nextafter(x, 0.0f);
+          for (int step = 0; step < 9; ++step, x = std::nextafter(x, sign * INFINITY)) check(x);
+        }
+      for (int r = 0; r < 1024; ++r) check(float(local.uniform(-1.0, 1.0)) * amax);
+    }
+    pairs += n;
+    mismatches += bad;
+  });
+  EXPECT_GT(pairs.load(), int64_t(kScales) * 1024);
+  EXPECT_EQ(mismatches.load(), 0) << "of " << pairs.load() << " pairs";
+}
+
 TEST(QuantRef, HandWorkedRow) {
   // amax 3.5 = 448 * 2^-7, so scale = 2^-7 exactly and x / scale = 128 x exactly.
   std::vector<float> x(128);

@@ -423,14 +423,9 @@ struct TokensOnMKernel {
       const int nb = m.nb + (kWide ? consumer : 0);
       auto release_record = [&] { ptx::mbar_arrive(&s.meta.empty[cur_slot]); };
       if constexpr (kAct) {
-        if (consumer == 1) {
-          release_record();
-          act_hand_over(s, final_acc);
-        } else {
-          const int row0 = m.row0, rows = m.rows, b = m.nb;
-          release_record();
-          act_quantize(s, a, final_acc, row0, rows, b, row_a, row_b);
-        }
+        const int row0 = m.row0, rows = m.rows, b = m.nb;
+        release_record();
+        act_epilogue(s, a, final_acc, consumer, row0, rows, b, row_a, row_b);
       } else if (a.atomic)
         stage_block<Probe>(s.epi, m, a, final_acc, consumer, row_base, row_a, row_b, wg_rows, nb, out_phase,
                            release_record, ph);
