@@ -48,14 +48,6 @@ void check_config_against_params(const GemmFp8Params& p, const GemmConfig& cfg, 
   if (p.prewait_prefetch_bytes < 0) throw Error(who + "prewait_prefetch_bytes must not be negative");
   if ((p.prewait_prefetch_bytes > 0 || p.walk_inputs_ready) && !std::holds_alternative<WeightsOnMConfig>(cfg))
     throw Error(who + key(cfg) + ": the pre-wait weight prefetch is the weights-on-M kernels' only");
-  const bool convert = converts_output(cfg);
-  if (convert != (p.out_bf16 != nullptr))
-    throw Error(who + key(cfg) + (convert ? " rounds the output to bf16: out_bf16 needed"
-                                          : ": out_bf16 is for configs that convert (.cvt)"));
-  if (convert && (!p.column_done || p.out_rows <= 0 || reinterpret_cast<uintptr_t>(p.out) % 16 ||
-                  reinterpret_cast<uintptr_t>(p.out_bf16) % 8))
-    throw Error(who + "the bf16 conversion needs column_done counters, out_rows > 0, out 16-byte and out_bf16 "
-                "8-byte aligned");
   // The resident-rows kernel cuts N into plain 128-row blocks.
   if (std::holds_alternative<ResidentConfig>(cfg) && p.segment_rows > 0 && p.segment_rows % kBlockM)
     throw Error(who + key(cfg) + " cuts N into plain 128-row blocks: segment_rows must be a multiple of 128, got " +
@@ -285,9 +277,6 @@ void launch_gemm_fp8_weights_on_m(const GemmFp8Params& p, const WeightsOnMConfig
     a.prewait_bytes = p.prewait_prefetch_bytes / grid;
     a.walk_inputs_ready = p.walk_inputs_ready ? 1 : 0;
   }
-  a.out_bf16 = cfg.convert ? p.out_bf16 : nullptr;
-  a.column_done = p.column_done;
-  a.out_rows = p.out_rows;
   using namespace gemm;
   switch (cfg.rows) {
     case WmRows::bins:
@@ -300,9 +289,6 @@ void launch_gemm_fp8_weights_on_m(const GemmFp8Params& p, const WeightsOnMConfig
     case WmRows::sorted:
       if (cfg.handoff)
         return launch_grouped_gemm<Sm90Fp8WmSortedHandoff>(maps, a, grid, launch_smem_bytes<Sm90Fp8WmSortedHandoff>,
-                                                           stream, pdl);
-      if (cfg.convert)
-        return launch_grouped_gemm<Sm90Fp8WmSortedConvert>(maps, a, grid, launch_smem_bytes<Sm90Fp8WmSortedConvert>,
                                                            stream, pdl);
       return launch_grouped_gemm<Sm90Fp8WmSorted>(maps, a, grid, launch_smem_bytes<Sm90Fp8WmSorted>, stream, pdl);
   }

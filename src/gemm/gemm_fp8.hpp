@@ -88,12 +88,6 @@ struct GemmFp8Params {
   // before this one waited for (ffn GEMM 2), and the compact walk is built before the wait too.
   int64_t prewait_prefetch_bytes = 0;
   bool walk_inputs_ready = false;
-  // WeightsOnMConfig::convert: out (fp32 [out_rows, N], reduced into) rounded to out_bf16 [out_rows,
-  // N] block by block; column_done: ceil(N/128) int32 counters, zero when the kernel starts (it
-  // leaves them zero).
-  uint16_t* out_bf16 = nullptr;
-  int32_t* column_done = nullptr;
-  int out_rows = 0;
   int experts = 0, n = 0, k = 0;
   CombineMode combine = CombineMode::atomic;
   // The SiLU*up epilogue (TokensOnMConfig::act, ffn GEMM 1 with N = 2I on w13): writes the

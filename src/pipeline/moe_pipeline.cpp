@@ -146,13 +146,9 @@ void run_stages(const Plan& p, const Weights& w, const Inputs& in, void* output,
   // The GEMM's work queue resets itself at the end of every launch; the kernel before the GEMM
   // zeroes it once more (its generic word clear), so no run depends on how the previous one ended.
   int32_t* gemm_queue = at<int32_t>(workspace, L.gemm_queue);
-  // A GEMM 2 that rounds the output itself counts each column block's reduced rows from zero.
-  const bool gemm2_converts = ffn && converts_output(launches.gemm2);
-  const int column_blocks = ffn ? int((s.hidden + kFp8BlockRows - 1) / kFp8BlockRows) : 0;
   if (uses_work_queue(gc) || act_in_gemm1) {
     qp.zero_words = gemm_queue;
-    // GEMM 2's queue (and counters) beside it
-    qp.zero_word_count = act_in_gemm1 ? 2 * kWorkQueueWords + (gemm2_converts ? column_blocks : 0) : kWorkQueueWords;
+    qp.zero_word_count = act_in_gemm1 ? 2 * kWorkQueueWords : kWorkQueueWords;  // GEMM 2's beside it
   }
 
   // The chain. Token order: from logits, routing and quantisation share one launch (small softmax
@@ -266,9 +262,9 @@ void run_stages(const Plan& p, const Weights& w, const Inputs& in, void* output,
       sq.zero_count = int64_t(T) * s.hidden;
     }
     int32_t* queue2 = at<int32_t>(workspace, L.gemm2_queue);
-    if (uses_work_queue(gc2) || gemm2_converts) {
+    if (uses_work_queue(gc2)) {
       sq.zero_words = queue2;
-      sq.zero_word_count = kWorkQueueWords + (gemm2_converts ? column_blocks : 0);  // the counters follow
+      sq.zero_word_count = kWorkQueueWords;
     }
     if (do_act && !act_in_gemm1) launch_silu_mul_quant(sq, p.sm_count, stream, pdl);
 
@@ -295,11 +291,6 @@ void run_stages(const Plan& p, const Weights& w, const Inputs& in, void* output,
       gp2.prewait_prefetch_bytes = p.l2_bytes / 4;
       gp2.walk_inputs_ready = true;
     }
-    if (gemm2_converts) {
-      gp2.out_bf16 = static_cast<uint16_t*>(output);
-      gp2.column_done = at<int32_t>(workspace, L.column_done);
-      gp2.out_rows = T;
-    }
     if (do_gemm2) launch_gemm_fp8(gp2, gc2, dev, stream, pdl);
   }
 
@@ -317,7 +308,7 @@ void run_stages(const Plan& p, const Weights& w, const Inputs& in, void* output,
       cp.out = static_cast<float*>(output);
     launch_combine_rows(cp, stream, pdl);
   }
-  if (ffn && do_out && !launches.combine_rows && !gemm2_converts) {
+  if (ffn && do_out && !launches.combine_rows) {
     ToBf16Params tb;
     tb.in = acc;
     tb.out = static_cast<uint16_t*>(output);

@@ -323,9 +323,7 @@ Plan plan(const Shape& s, const Routing& r, const Options& o, const DeviceSpec& 
   L.y = carve(c, o.deterministic ? size_t(R) * size_t(ffn ? s.hidden : N) * 4 : 0);
   // The GEMM's work queue (scheduler/work_queue.cuh), and beside it ffn GEMM 2's, so that one clear
   // of 2 kWorkQueueWords words resets both.
-  // (ffn: then GEMM 2's column-block counters, cleared with the queues.)
-  const int64_t column_blocks = ffn ? (s.hidden + kFp8BlockRows - 1) / kFp8BlockRows : 0;
-  L.gemm_queue = carve(c, size_t(2 * kWorkQueueWords + column_blocks) * sizeof(int32_t));
+  L.gemm_queue = carve(c, 2 * kWorkQueueWords * sizeof(int32_t));
   L.hit_list = carve(c, size_t(s.experts + 1) * 16);  // experts with rows, from the fused small kernel
   L.early_ids = carve(c, size_t(kEarlyIdWords) * 4);  // ... and the routes' ids as soon as ranked
   L.token_masks = carve(c, size_t((T + 31) / 32) * size_t(s.experts) * 4);  // routing -> dispatch+quantise
@@ -340,7 +338,6 @@ Plan plan(const Shape& s, const Routing& r, const Options& o, const DeviceSpec& 
   L.act = carve(c, ffn ? size_t(Rp) * size_t(s.inter) : 0);
   L.act_scales = carve(c, ffn ? size_t(scale_floats(quant_blocks(s.inter), Rp)) * 4 : 0);  // either layout
   L.gemm2_queue = L.gemm_queue + kWorkQueueWords * sizeof(int32_t);
-  L.column_done = L.gemm2_queue + kWorkQueueWords * sizeof(int32_t);
   // The fast combine's fp32 accumulator (the deterministic combine writes the bf16 output itself).
   L.acc = carve(c, ffn && !o.deterministic ? size_t(T) * size_t(s.hidden) * 4 : 0);
   L.total = c;
@@ -393,7 +390,7 @@ std::string Launches::summary(bool from_logits) const {
     add("gemm2 " + key(gemm2));
   }
   if (combine_rows) add(ffn ? "combine+bf16" : "combine");  // ffn: the combine writes the bf16 output
-  else if (ffn && !converts_output(gemm2)) add("bf16");      // (or GEMM 2 does)
+  else if (ffn) add("bf16");
   return s;
 }
 

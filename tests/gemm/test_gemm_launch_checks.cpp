@@ -136,22 +136,5 @@ TEST(GemmLaunchChecks, PrewaitPrefetchIsTheWeightsOnMKernels) {
   expect_rejected(p, parse_gemm_key("tM.tall.s4.store.dyn"), "weights-on-M kernels' only");
 }
 
-// A GEMM 2 that rounds its output to bf16 needs the bf16 output, the counters and the row count;
-// the bf16 output is for such a config only.
-TEST(GemmLaunchChecks, ConversionToBf16NeedsItsBuffers) {
-  GemmFp8Params p = plain_params(CombineMode::atomic);
-  p.n = 2048;
-  p.k = 512;
-  const GemmConfig cvt = parse_gemm_key("wM.sorted.s6.red.dense.dyn.cvt");
-  expect_rejected(p, cvt, "out_bf16 needed");
-  p.out_bf16 = fake<uint16_t>(0xc0000);
-  expect_rejected(p, cvt, "column_done counters");
-  p.column_done = fake<int32_t>(0xd0000);
-  p.out_rows = 0;
-  expect_rejected(p, cvt, "out_rows > 0");
-  p.out_rows = 128;
-  expect_rejected(p, parse_gemm_key("wM.sorted.s6.red.dense.dyn"), "out_bf16 is for configs that convert");
-}
-
 }  // namespace
 }  // namespace loom

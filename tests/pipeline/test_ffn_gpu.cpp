@@ -246,14 +246,6 @@ TEST(FfnGpu, MatchesCpuReferenceFromDecodeToPrefill) {
                              // GEMM 1 with the intermediate in its epilogue (asked for by key)
                              {1000, 2048, 512, 64, 8, "zipf:1.2", false, true, false, "tM.wide.s4.act.dyn"},
                              {2048, 1024, 384, 16, 4, "random", false, false, false, "tM.wide.s4.act.dyn.exl"},
-                             // GEMM 2 rounding the output itself (asked for by key): split K, compact
-                             // and dense walks, skew
-                             {1, 2048, 512, 256, 8, "random", false, true, false, nullptr,
-                              "wM.sorted.s6.red.compact.k2.dyn.cvt"},
-                             {17, 2048, 512, 64, 8, "zipf:1.2", false, false, false, nullptr,
-                              "wM.sorted.s6.red.compact.dyn.cvt"},
-                             {128, 2048, 512, 256, 8, "random", false, true, false, nullptr,
-                              "wM.sorted.s6.red.dense.dyn.efw.cvt"},
                              // GEMM 2 with the hand-off epilogue (row-quad scales from the intermediate's kernel)
                              {512, 2048, 512, 64, 8, "random", false, true, false, nullptr,
                               "wM.sorted.s4.ho.red.dense.dyn.efw"}};
@@ -264,8 +256,7 @@ TEST(FfnGpu, MatchesCpuReferenceFromDecodeToPrefill) {
              {300, 512, 256, 8, 2, "concentrated", false, false},
              {1200, 512, 256, 16, 4, "random"},
              {300, 512, 192, 8, 2, "concentrated", true, false},
-             {1200, 512, 256, 16, 4, "random", false, true, false, "tM.wide.s4.act.dyn"},
-             {17, 512, 256, 16, 2, "random", false, true, false, nullptr, "wM.sorted.s6.red.compact.k2.dyn.cvt"}};
+             {1200, 512, 256, 16, 4, "random", false, true, false, "tM.wide.s4.act.dyn"}};
   for (const FfnCase& c : cases) check_case(c, seed);
 }
 
@@ -366,9 +357,8 @@ TEST(FfnGpu, BadIdsAndNanLogitsAreCountedNotFatal) {
   for (float v : got2) ASSERT_TRUE(std::isfinite(v));
   check_output(n, got2, route_ref(logits.data(), 16, 8, 2, Routing{}), false);
 
-  // Every route dropped, GEMM 2 rounding the output itself: no column block completes, and the
-  // (zero) output is still written.
-  FfnRun z({16, 256, 128, 8, 2, "balanced", false, false, false, nullptr, "wM.sorted.s6.red.compact.dyn.cvt"}, seed + 9);
+  // Every route dropped: no routed row at all, and the (zero) output is still written.
+  FfnRun z({16, 256, 128, 8, 2, "balanced", false, false}, seed + 9);
   TopK none = z.routes.topk;
   for (int32_t& id : none.ids) id = -1;
   z.ids = DeviceBuffer::from(none.ids);

@@ -357,15 +357,11 @@ void measure_gpu(const BenchOptions& opt, const Plan& plan, const Shape& s, cons
     r.gpu.push_back(Timed{"glue_copy", timer.time(copy, 1, L2Mode::flush, brief), Stats{}});
   }
   // ffn: each part of the GEMM stage alone (gemm = all four in order).
-  const Launches& ffn_launches = launches_for(plan, s.tokens, from_logits);
-  const bool act_in_gemm1 = s.mode == Mode::ffn && fused_act(ffn_launches.gemm);
-  // GEMM 2 that rounds the output itself leaves no output pass (the deterministic combine still runs).
-  const bool no_out_pass = s.mode == Mode::ffn && converts_output(ffn_launches.gemm2) && !ffn_launches.combine_rows;
+  const bool act_in_gemm1 = s.mode == Mode::ffn && fused_act(launches_for(plan, s.tokens, from_logits).gemm);
   if (s.mode == Mode::ffn)
     for (const auto& [name, stages] : {std::pair{"gemm1", Stages::ffn_gemm1}, std::pair{"act", Stages::ffn_act},
                                        std::pair{"gemm2", Stages::ffn_gemm2}, std::pair{"out", Stages::ffn_out}}) {
       if (stages == Stages::ffn_act && act_in_gemm1) continue;  // GEMM 1's epilogue computes it
-      if (stages == Stages::ffn_out && no_out_pass) continue;
       auto f = [&, st3 = stages](cudaStream_t st2, int c) {
         run_stages(plan, weights_of(c), in, d_out.get(), d_ws.get(), st2, st3);
       };

@@ -16,7 +16,6 @@ namespace loom::gemm {
 
 struct CombineHandoff {
   static constexpr bool kHandoff = true;
-  static constexpr bool kConvert = false;
   static constexpr int kEpilogueWarps = 3;  // producer warps 1-3 (warp 0 issues the TMA loads)
   static_assert(kBlockM == 32 * 4, "one lane per 4 output columns of a 128-row block");
 

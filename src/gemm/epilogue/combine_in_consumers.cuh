@@ -5,9 +5,6 @@
 #pragma once
 
 #include <cstdint>
-#include <type_traits>
-
-#include <cuda_bf16.h>
 
 #include "diag/chain_trace.cuh"
 #include "gemm/epilogue/stage_columns.cuh"
@@ -17,24 +14,16 @@
 
 namespace loom::gemm {
 
-// kConvert: the ffn GEMM 2 instance that rounds each completed column block to bf16 (finish_unit,
-// WeightsOnMConfig::convert); an instance of its own, so the others keep their registers.
-template <bool kConvertT>
-struct CombineInConsumersT {
+struct CombineInConsumers {
   static constexpr bool kHandoff = false;
-  static constexpr bool kConvert = kConvertT;
   static constexpr int kCols = 32;  // token columns staged per pass
   static_assert(kMaxChunk % kCols == 0, "epilogue passes tile the widest chunk");
 
-  struct Staging {
+  struct Storage {
     float cols[2][kCols][kEpilogueStride];
     float chunk_weight[2][kMaxChunk];  // top-k weight and token of each of the chunk's rows
     int32_t chunk_token[2][kMaxChunk];
   };
-  struct ConvertStaging : Staging {
-    int32_t completes[2];  // finish_unit: this warpgroup's count completed the column block
-  };
-  using Storage = std::conditional_t<kConvert, ConvertStaging, Staging>;
   struct ConsumerState {};
 
   template <class S>
@@ -84,57 +73,6 @@ struct CombineInConsumersT {
       ptx::named_barrier_sync(barrier_id, 128);
     }
   }
-
-  // WeightsOnMConfig::convert, after this warpgroup's last reduction of a unit of `rows` rows into
-  // column block nb: the count of reduced rows per block reaches 2 warpgroups x split_k x the routed
-  // rows once every contribution is in; the warpgroup that brings it there rounds the block.
-  template <class S, class A>
-  static __device__ __forceinline__ void finish_unit(S& s, const A& a, int nb, int rows, int consumer) {
-    const uint32_t barrier_id = 1 + consumer;
-    const int wg_thread = int(threadIdx.x % 128);
-    __threadfence();  // this thread's reductions, device-wide, before the warpgroup's count
-    ptx::named_barrier_sync(barrier_id, 128);
-    if (wg_thread == 0) {
-      const int target = 2 * a.split_k * __ldcg(a.offsets + a.experts);
-      const int done = atomicAdd(a.column_done + nb, rows) + rows;
-      s.epi.completes[consumer] = done == target;
-      if (done == target) a.column_done[nb] = 0;  // nothing else counts this block in this launch
-    }
-    ptx::named_barrier_sync(barrier_id, 128);
-    if (s.epi.completes[consumer]) {
-      __threadfence();  // every other count (and the reductions before it) before the reads
-      convert_block(a, nb, wg_thread);
-    }
-    ptx::named_barrier_sync(barrier_id, 128);  // the flag read before the next unit writes it
-  }
-
-  // Column block nb of out ([out_rows, N] fp32, complete) rounded to out_bf16 (nearest even): a
-  // warp per row, a lane per 4 columns, kRows rows of loads in flight per warpgroup.
-  template <class A>
-  static __device__ __forceinline__ void convert_block(const A& a, int nb, int wg_thread) {
-    const int c0 = a.seg.first_row(nb), cols = min(kBlockM, a.seg.end_row(nb) - c0);
-    const int col = 4 * (wg_thread % 32), row_in = wg_thread / 32;
-    if (col >= cols) return;
-    constexpr int kInFlight = 2, kRows = 4 * kInFlight;
-    for (int r0 = 0; r0 < a.out_rows; r0 += kRows) {
-      float4 v[kInFlight];
-#pragma unroll
-      for (int u = 0; u < kInFlight; ++u) {
-        const int r = r0 + 4 * u + row_in;
-        if (r < a.out_rows) v[u] = __ldcg(reinterpret_cast<const float4*>(a.out + int64_t(r) * a.n + c0 + col));
-      }
-#pragma unroll
-      for (int u = 0; u < kInFlight; ++u) {
-        const int r = r0 + 4 * u + row_in;
-        if (r < a.out_rows) {
-          const __nv_bfloat162 lo = __floats2bfloat162_rn(v[u].x, v[u].y), hi = __floats2bfloat162_rn(v[u].z, v[u].w);
-          *reinterpret_cast<uint2*>(a.out_bf16 + int64_t(r) * a.n + c0 + col) =
-              make_uint2(*reinterpret_cast<const uint32_t*>(&lo), *reinterpret_cast<const uint32_t*>(&hi));
-        }
-      }
-    }
-  }
 };
-using CombineInConsumers = CombineInConsumersT<false>;
 
 }  // namespace loom::gemm

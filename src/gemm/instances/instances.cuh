@@ -26,9 +26,6 @@ using Sm90Fp8WmBins =
     WeightsOnMKernel<GatheredRows<ExpertsFrom::bins>, CombineInConsumers, ExpertsFrom::bins, kStagesGathered>;
 // Weights on M, expert-sorted rows by TMA, the epilogue in the consumers.
 using Sm90Fp8WmSorted = WeightsOnMKernel<SortedRows<false>, CombineInConsumers, ExpertsFrom::offsets, kStagesInline>;
-// ... and the last unit of each column block rounds it to bf16 (ffn GEMM 2, WeightsOnMConfig::convert).
-using Sm90Fp8WmSortedConvert =
-    WeightsOnMKernel<SortedRows<false>, CombineInConsumersT<true>, ExpertsFrom::offsets, kStagesInline>;
 // ... the epilogue handed to the producer warpgroup's spare warps (scales in row quads).
 using Sm90Fp8WmSortedHandoff = WeightsOnMKernel<SortedRows<true>, CombineHandoff, ExpertsFrom::offsets, kStagesHandoff>;
 // Weights on M, an expert's rows resident in shared memory over all of K (from expert bins).
@@ -51,7 +48,6 @@ LOOM_GEMM_INSTANCE_EXTERN(Sm90Fp8WmGather);
 LOOM_GEMM_INSTANCE_EXTERN(Sm90Fp8WmGatherEarly);
 LOOM_GEMM_INSTANCE_EXTERN(Sm90Fp8WmBins);
 LOOM_GEMM_INSTANCE_EXTERN(Sm90Fp8WmSorted);
-LOOM_GEMM_INSTANCE_EXTERN(Sm90Fp8WmSortedConvert);
 LOOM_GEMM_INSTANCE_EXTERN(Sm90Fp8WmSortedHandoff);
 LOOM_GEMM_INSTANCE_EXTERN(Sm90Fp8WmResident);
 LOOM_GEMM_INSTANCE_EXTERN(Sm90Fp8TmTall);

@@ -68,10 +68,6 @@ struct WeightsOnMArgs {
   // walk_inputs_ready.
   int64_t prewait_bytes;
   int walk_inputs_ready;
-  // GemmFp8Params::out_bf16, column_done, out_rows (WeightsOnMConfig::convert; nullptr: none).
-  uint16_t* out_bf16;
-  int32_t* column_done;
-  int out_rows;
 };
 
 template <class SourceT, class EpilogueT, ExpertsFrom kFrom, int kStagesT>
@@ -84,8 +80,6 @@ struct WeightsOnMKernel {
   static_assert(!Epilogue::kHandoff || !Source::kGathered, "the hand-off epilogue takes the producer threads a gather needs");
   static_assert(!Epilogue::kHandoff || kStages <= 4, "the producer runs at most one scale quad ahead (QuadScales::kSlots)");
   static_assert(Epilogue::kHandoff == Source::kQuads, "row-quad scales go with the hand-off epilogue");
-  static_assert(!Epilogue::kConvert || (!Source::kGathered && kFrom == ExpertsFrom::offsets),
-                "the bf16 conversion counts an expert's sorted rows from the offsets");
   static_assert(kFrom != ExpertsFrom::early_ids || Source::kGathered, "early ids serve the gathering compact walk");
   static_assert(kFrom != ExpertsFrom::bins || Source::kGathered, "the chunk walk over expert bins gathers its rows");
 
@@ -224,13 +218,6 @@ struct WeightsOnMKernel {
             consume_chunk<128, Source, Epilogue>(s, cursors, a, unit, row0, chunk_rows, consumer);
         }
       }
-      if constexpr (Epilogue::kConvert)
-        if (rows > 0) Epilogue::finish_unit(s, a, unit.nb, rows, consumer);
-    }
-    if constexpr (Epilogue::kConvert) {
-      // No routed row at all: no unit completes a column block; CTA 0 writes the (zero) output.
-      if (blockIdx.x == 0 && consumer == 0 && __ldcg(a.offsets + a.experts) == 0)
-        for (int nb = 0; nb < a.nblocks; ++nb) Epilogue::convert_block(a, nb, int(threadIdx.x % 128));
     }
     Epilogue::end(s, cursors.epi);
     if (threadIdx.x == 128) LOOM_TRACE(kGemmEnd);

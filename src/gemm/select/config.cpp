@@ -62,7 +62,6 @@ std::string key(const GemmConfig& config) {
                           if (c.weights_evict_first) k += ".efw";
                           if (c.x_evict_first) k += ".exf";
                           if (c.warm_up) k += ".warm";
-                          if (c.convert) k += ".cvt";
                           return k;
                         },
                         [](const ResidentConfig& c) {
@@ -134,7 +133,6 @@ GemmConfig parse_gemm_key(const std::string& text) {
         else if (o == "efw") c.weights_evict_first = true;
         else if (o == "exf") c.x_evict_first = true;
         else if (o == "warm") c.warm_up = true;
-        else if (o == "cvt") c.convert = true;
         else if (o.size() > 1 && o[0] == 'k' && o.find_first_not_of("0123456789", 1) == std::string::npos &&
                  o.size() < 4)
           c.split_k = std::stoi(o.substr(1));
@@ -191,9 +189,6 @@ void validate(const GemmConfig& config) {
     if (c->rows == WmRows::bins && (c->store || c->dense || c->split_k > 1))
       throw Error("the chunk walk over expert bins is compact, red, without split K");
     if (c->rows == WmRows::early && c->dense) throw Error("early ids serve a compact walk");
-    if (c->convert && (!sorted || c->store || c->handoff || c->balanced))
-      throw Error("the bf16 conversion by the last unit of a column block takes sorted rows, the red combine in the "
-                  "consumers, no balanced shares");
   }
   if (const auto* c = std::get_if<TokensOnMConfig>(&config)) {
     if (c->act && (!c->wide || c->sorted))
@@ -241,7 +236,6 @@ std::string describe(const GemmConfig& config) {
             if (c.weights_evict_first) o << ", weights L2 evict-first";
             if (c.x_evict_first) o << ", activations L2 evict-first";
             if (c.warm_up) o << ", instruction-cache warm-up before the PDL wait";
-            if (c.convert) o << ", the last unit of each column block rounds it to bf16";
             return o.str();
           },
           [](const ResidentConfig& c) {
@@ -286,11 +280,6 @@ bool uses_work_queue(const GemmConfig& config) {
 bool fused_act(const GemmConfig& config) {
   const auto* c = std::get_if<TokensOnMConfig>(&config);
   return c && c->act;
-}
-
-bool converts_output(const GemmConfig& config) {
-  const auto* c = std::get_if<WeightsOnMConfig>(&config);
-  return c && c->convert;
 }
 
 bool combine_stores_rows(const GemmConfig& config) {

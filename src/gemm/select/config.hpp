@@ -42,10 +42,6 @@ struct WeightsOnMConfig {
   bool weights_evict_first = false;
   bool x_evict_first = false;  // sorted only
   bool warm_up = false;        // gathering only, under PDL
-  // Sorted rows, red into the output, epilogue in the consumers, no balanced shares (ffn GEMM 2):
-  // the warpgroup whose reduction completes a 128-column block of the output rounds that block to
-  // bf16 (GemmFp8Params::out_bf16), so no conversion pass follows.
-  bool convert = false;
   int stages() const;          // the instance's ring: kStagesGathered, kStagesInline or kStagesHandoff
 };
 
@@ -85,6 +81,5 @@ ScaleLayout scale_layout(const GemmConfig& c);  // row quads: the hand-off and t
 bool uses_work_queue(const GemmConfig& c);
 bool combine_stores_rows(const GemmConfig& c);  // the deterministic combine (a combine kernel after it)
 bool fused_act(const GemmConfig& c);  // the SiLU*up epilogue: writes the ffn intermediate (TokensOnMConfig::act)
-bool converts_output(const GemmConfig& c);  // rounds its output to bf16 itself (WeightsOnMConfig::convert)
 
 }  // namespace loom
