@@ -75,7 +75,7 @@ struct Plan {
     size_t topk_ids, topk_weights, nan_flags, offsets, route_row, row_token, row_weight, x, x_scales, y,
         gemm_queue, hit_list, early_ids, token_masks, slice_counts, bin_counts, bin_token, bin_weight, status,
         // ffn: GEMM 1's rows [R, 2I] fp32, the intermediate's codes [R, I] and scales, GEMM 2's
-        // queue, the output's fp32 accumulator [T, H] (y then holds GEMM 2's weighted rows [R, H])
+        // queue, the output's fp32 accumulator [T, H] (y then holds GEMM 2's weighted rows [R, H] bf16)
         h, act, act_scales, gemm2_queue, acc, total;
     int64_t bin_stride;  // slots per expert bin (shape.tokens), 0 when the plan never uses the bins
     int64_t x_rows;  // activation rows the x and x_scales buffers hold (any batch of the plan fits)

@@ -21,7 +21,20 @@ namespace {
 
 constexpr int kThreads = 256;
 
-template <int kBatch>
+// Four consecutive y values of a row, as fp32: a 16-byte load of fp32 rows, an 8-byte load of bf16
+// rows widened exactly.
+template <bool kBf16Rows>
+__device__ __forceinline__ float4 load_quad(const CombineRowsParams& p, int32_t row, uint32_t c) {
+  if constexpr (kBf16Rows) {
+    const uint2 w = __ldcg(reinterpret_cast<const uint2*>(p.y_bf16 + int64_t(row) * p.cols) + c);
+    return make_float4(__uint_as_float(w.x << 16), __uint_as_float(w.x & 0xffff0000u), __uint_as_float(w.y << 16),
+                       __uint_as_float(w.y & 0xffff0000u));
+  } else {
+    return __ldcg(reinterpret_cast<const float4*>(p.y + int64_t(row) * p.cols) + c);
+  }
+}
+
+template <int kBatch, bool kBf16Rows>
 __global__ void __launch_bounds__(kThreads) combine_rows_kernel(const CombineRowsParams p) {
   ptx::pdl_launch_dependents();
   // Before any global access: y and route_row come from earlier kernels, and `out` may still be
@@ -45,7 +58,7 @@ __global__ void __launch_bounds__(kThreads) combine_rows_kernel(const CombineRow
 #pragma unroll
       for (int j = 0; j < kBatch; ++j) {
         v[j] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-        if (row[j] >= 0) v[j] = __ldcg(reinterpret_cast<const float4*>(p.y + int64_t(row[j]) * p.cols) + c);
+        if (row[j] >= 0) v[j] = load_quad<kBf16Rows>(p, row[j], c);
       }
       // Slot order, one fp32 add at a time (no fast-math: nothing reassociates or contracts).
 #pragma unroll
@@ -79,19 +92,22 @@ void launch_combine_rows(const CombineRowsParams& p, cudaStream_t stream, bool p
   if (p.topk <= 0) throw Error(who + "topk must be positive, got " + std::to_string(p.topk));
   if (p.cols <= 0 || p.cols % 4 != 0)
     throw Error(who + "cols must be a positive multiple of 4, got " + std::to_string(p.cols));
-  if (!p.y || !p.route_row || (p.out == nullptr) == (p.out_bf16 == nullptr))
-    throw Error(who + "null buffer (y, route_row, and exactly one of out and out_bf16)");
-  if (!aligned16(p.y) || (p.out && !aligned16(p.out)) || (reinterpret_cast<uintptr_t>(p.out_bf16) & 7u) != 0)
-    throw Error(who + "y and out must be 16-byte aligned, out_bf16 8-byte");
+  if ((p.y == nullptr) == (p.y_bf16 == nullptr) || !p.route_row || (p.out == nullptr) == (p.out_bf16 == nullptr))
+    throw Error(who + "null buffer (exactly one of y and y_bf16, route_row, and exactly one of out and out_bf16)");
+  if ((p.y && !aligned16(p.y)) || (p.out && !aligned16(p.out)) || (reinterpret_cast<uintptr_t>(p.y_bf16) & 7u) != 0 ||
+      (reinterpret_cast<uintptr_t>(p.out_bf16) & 7u) != 0)
+    throw Error(who + "y and out must be 16-byte aligned, y_bf16 and out_bf16 8-byte");
   if (int64_t(p.tokens) * p.topk > INT32_MAX) throw Error(who + "problem too large");
 
   const int64_t total = int64_t(p.tokens) * (p.cols / 4);
   int64_t blocks = (total + kThreads - 1) / kThreads;
   if (blocks > (int64_t(1) << 20)) blocks = int64_t(1) << 20;  // grid-stride beyond
   // Batch size: every slot's load in flight at once for topk <= 16; register use grows with it.
-  void (*kernel)(CombineRowsParams) = p.topk <= 4   ? combine_rows_kernel<4>
-                                      : p.topk <= 8 ? combine_rows_kernel<8>
-                                                    : combine_rows_kernel<16>;
+  void (*kernel)(CombineRowsParams);
+  if (p.y_bf16)
+    kernel = p.topk <= 4 ? combine_rows_kernel<4, true> : p.topk <= 8 ? combine_rows_kernel<8, true> : combine_rows_kernel<16, true>;
+  else
+    kernel = p.topk <= 4 ? combine_rows_kernel<4, false> : p.topk <= 8 ? combine_rows_kernel<8, false> : combine_rows_kernel<16, false>;
   launch_kernel(kernel, dim3(unsigned(blocks)), dim3(kThreads), 0, stream, pdl, p);
 }
 

@@ -5,8 +5,10 @@
 //
 // Exact arithmetic, per element: acc = 0.0f; then for j = 0..k-1 with route_row[t*k+j] >= 0,
 // acc = acc + y[row, n] (one fp32 add each, round to nearest, no reassociation). A token whose routes
-// are all dropped gets +0. With out_bf16 (the ffn layer's output), acc is then rounded to bf16
-// (nearest even), as gemm/to_bf16_sm90 rounds the fast combine's accumulator.
+// are all dropped gets +0. With y_bf16 (the ffn layer's weighted rows, rounded to bf16 by GEMM 2),
+// y[row, n] is that bf16 value widened exactly to fp32. With out_bf16 (the ffn layer's output), acc
+// is then rounded to bf16 (nearest even), as gemm/to_bf16_sm90 rounds the fast combine's
+// accumulator.
 //
 // Host-includable: plain declarations only.
 #pragma once
@@ -18,7 +20,8 @@
 namespace loom {
 
 struct CombineRowsParams {
-  const float* y = nullptr;            // [R, N] weighted rows, 16-byte aligned
+  const float* y = nullptr;            // [R, N] weighted rows, 16-byte aligned; or
+  const uint16_t* y_bf16 = nullptr;    // [R, N] bf16 weighted rows, 8-byte aligned (exactly one of the two)
   const int32_t* route_row = nullptr;  // [T*k]
   int tokens = 0, topk = 0, cols = 0;  // cols = N, a positive multiple of 4 (16 in loom)
   float* out = nullptr;                // [T, N] fp32, 16-byte aligned; or

@@ -46,6 +46,8 @@ void check_config_against_params(const GemmFp8Params& p, const GemmConfig& cfg, 
     throw Error(who + "segment_rows must be 0 or a multiple of 16 that divides N, got " +
                 std::to_string(p.segment_rows) + " (N=" + std::to_string(p.n) + ")");
   if (p.prewait_prefetch_bytes < 0) throw Error(who + "prewait_prefetch_bytes must not be negative");
+  if (p.store_bf16 && (p.combine != CombineMode::store || fused_act(cfg)))
+    throw Error(who + key(cfg) + ": store_bf16 is for configs that store route rows");
   if ((p.prewait_prefetch_bytes > 0 || p.walk_inputs_ready) && !std::holds_alternative<WeightsOnMConfig>(cfg))
     throw Error(who + key(cfg) + ": the pre-wait weight prefetch is the weights-on-M kernels' only");
   // The resident-rows kernel cuts N into plain 128-row blocks.
@@ -141,7 +143,8 @@ TokensOnMLaunch make_tokens_on_m_launch(const GemmFp8Params& p, const TokensOnMC
                          p.weight_scales, p.offsets, p.expert_counts, p.expert_stride, p.row_token, p.row_weight,
                          p.out, p.experts, p.n, p.k, weight_blocks(p), p.k / tm::kBlockK,
                          p.combine == CombineMode::atomic ? 1 : 0, cfg.weights_evict_first ? 1 : 0,
-                         cfg.x_evict_last ? 1 : 0, cfg.dynamic ? p.work_queue : nullptr, segments_of(p)};
+                         cfg.x_evict_last ? 1 : 0, cfg.dynamic ? p.work_queue : nullptr, segments_of(p),
+                         p.store_bf16 ? 1 : 0};
   if (cfg.act) {
     const GemmFp8Params::Intermediate& m = p.act;
     const int64_t blocks = (int64_t(m.inter) + tm::kTileCols - 1) / tm::kTileCols;
@@ -273,6 +276,7 @@ void launch_gemm_fp8_weights_on_m(const GemmFp8Params& p, const WeightsOnMConfig
   a.early_routes = p.early_routes;
   // Sorted rows walked in whole units (round robin), under PDL: otherwise there is no wait to
   // overlap, or the gathering walks' own warm-up and balanced shares take its place.
+  a.store_bf16 = p.store_bf16 ? 1 : 0;
   if (sorted && pdl && !cfg.balanced) {
     a.prewait_bytes = p.prewait_prefetch_bytes / grid;
     a.walk_inputs_ready = p.walk_inputs_ready ? 1 : 0;

@@ -88,6 +88,9 @@ struct GemmFp8Params {
   // before this one waited for (ffn GEMM 2), and the compact walk is built before the wait too.
   int64_t prewait_prefetch_bytes = 0;
   bool walk_inputs_ready = false;
+  // combine == store: the route rows in bf16 (each weighted value rounded to nearest even), out
+  // then holding [R, N] bf16 (ffn GEMM 2, deterministic: half the bytes for the combine to read).
+  bool store_bf16 = false;
   int experts = 0, n = 0, k = 0;
   CombineMode combine = CombineMode::atomic;
   // The SiLU*up epilogue (TokensOnMConfig::act, ffn GEMM 1 with N = 2I on w13): writes the

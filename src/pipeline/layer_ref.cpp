@@ -113,7 +113,8 @@ std::vector<float> LayerResult::rounded() const {
   return r;
 }
 
-LayerResult layer_ref(const LayerWeights& w, const bf16* hidden, const TopK& topk, const RouteIntermediate* given) {
+LayerResult layer_ref(const LayerWeights& w, const bf16* hidden, const TopK& topk, const RouteIntermediate* given,
+                      bool bf16_route_rows) {
   Shape s = w.shape;
   s.tokens = topk.tokens;
   validate(s);
@@ -124,6 +125,7 @@ LayerResult layer_ref(const LayerWeights& w, const bf16* hidden, const TopK& top
   check_size("topk.weights", topk.weights.size(), s.tokens * s.topk);
   check_weights(w);
   if (s.tokens > 0 && !hidden) throw Error("layer_ref: hidden is null");
+  if (bf16_route_rows && s.mode != Mode::ffn) throw Error("layer_ref: bf16 route rows are ffn only");
   if (given) {
     if (s.mode != Mode::ffn || s.dtype != DType::fp8) throw Error("layer_ref: a given intermediate is ffn fp8 only");
     check_size("given.codes", given->codes.size(), s.tokens * s.topk * s.inter);
@@ -201,7 +203,20 @@ LayerResult layer_ref(const LayerWeights& w, const bf16* hidden, const TopK& top
   }
   std::vector<double> y(size_t(R * H));
   grouped_gemm_ref(a2.view(s.dtype, R, I), d.offsets.data(), w.w2_view(), y.data());
-  combine_ref(y.data(), H, d, topk, result.out.data());
+  if (!bf16_route_rows) {
+    combine_ref(y.data(), H, d, topk, result.out.data());
+    return result;
+  }
+  // The deterministic combine's rows: weighted and rounded to bf16 each, then summed with weight 1.
+  parallel_for(R, [&](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; ++r) {
+      const double wt = double(topk.weights[size_t(d.row_route[size_t(r)])]);
+      for (int64_t n = 0; n < H; ++n) y[size_t(r * H + n)] = double(round_double_to_bf16(wt * y[size_t(r * H + n)]));
+    }
+  });
+  TopK unit = topk;
+  std::fill(unit.weights.begin(), unit.weights.end(), 1.0f);
+  combine_ref(y.data(), H, d, unit, result.out.data());
   return result;
 }
 

@@ -61,8 +61,10 @@ struct RouteIntermediate {
 // given (ffn fp8 only): GEMM 2 reads this intermediate instead of the reference's own re-quantised
 // act. A GPU test passes the GPU's, so that E4M3 codes that round the other way on accumulation
 // noise (docs/numerics.md) do not hide how GEMM 2 and the combine did.
+// bf16_route_rows (ffn only): each route's weighted row, top-k weight x GEMM 2's row, rounded to
+// bf16 before the combine sums them, as the deterministic combine does (docs/numerics.md).
 LayerResult layer_ref(const LayerWeights& w, const bf16* hidden, const TopK& topk,
-                      const RouteIntermediate* given = nullptr);
+                      const RouteIntermediate* given = nullptr, bool bf16_route_rows = false);
 
 // Relative Frobenius error ||got - ref|| / ||ref||, and the worst such error over rows of `cols`.
 // NaN anywhere in `got` gives +inf. When a row of ref is all zero its error is ||got_row||.

@@ -282,6 +282,8 @@ void run_stages(const Plan& p, const Weights& w, const Inputs& in, void* output,
     gp2.n = int(s.hidden);
     gp2.k = int(s.inter);
     gp2.combine = p.options.deterministic ? CombineMode::store : CombineMode::atomic;
+    // Deterministic: the weighted rows in bf16 (docs/numerics.md), half the bytes the combine reads.
+    gp2.store_bf16 = p.options.deterministic;
     gp2.work_queue = uses_work_queue(gc2) ? queue2 : nullptr;
     gp2.hit_list = hit_list;  // the fused small-batch kernel's, for a compact walk
     // GEMM 2's walk reads only what the dispatch wrote, which GEMM 1 waited for before it let the
@@ -296,7 +298,10 @@ void run_stages(const Plan& p, const Weights& w, const Inputs& in, void* output,
 
   if (launches.combine_rows && (ffn ? do_out : all)) {
     CombineRowsParams cp;
-    cp.y = ffn ? gp2.out : gp.out;
+    if (ffn)
+      cp.y_bf16 = reinterpret_cast<const uint16_t*>(gp2.out);
+    else
+      cp.y = gp.out;
     cp.route_row = dp.route_row;
     cp.tokens = T;
     cp.topk = k;

@@ -320,7 +320,8 @@ Plan plan(const Shape& s, const Routing& r, const Options& o, const DeviceSpec& 
   L.x = carve(c, size_t(x_rows) * size_t(K));
   L.x_scales = carve(c, size_t(scale_floats(quant_blocks(K), x_rows)) * 4);  // either layout
   // Stored rows: single mode's deterministic combine, ffn GEMM 2's (N = H there).
-  L.y = carve(c, o.deterministic ? size_t(R) * size_t(ffn ? s.hidden : N) * 4 : 0);
+  // Deterministic: the weighted route rows, fp32 (single mode) or bf16 (ffn GEMM 2's, rounded).
+  L.y = carve(c, o.deterministic ? size_t(R) * size_t(ffn ? s.hidden : N) * (ffn ? 2 : 4) : 0);
   // The GEMM's work queue (scheduler/work_queue.cuh), and beside it ffn GEMM 2's, so that one clear
   // of 2 kWorkQueueWords words resets both.
   L.gemm_queue = carve(c, 2 * kWorkQueueWords * sizeof(int32_t));

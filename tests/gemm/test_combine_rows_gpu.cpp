@@ -193,6 +193,31 @@ void run_case(const Case& c, uint64_t seed, Totals& totals) {
     bf16_bad += b16[size_t(i)] != float_to_bf16(f).bits;
   }
   EXPECT_EQ(bf16_bad, 0) << "bf16 outputs other than the nearest-even rounding of the fp32 sum";
+
+  // bf16 rows in (the ffn layer's deterministic GEMM 2 rounds its weighted rows): each widened
+  // exactly, the same slot-order fp32 sum, the bf16 output bit for bit.
+  std::vector<uint16_t> y16(y.size());
+  for (size_t i = 0; i < y.size(); ++i) y16[i] = float_to_bf16(y[i]).bits;
+  DevBuf d_y16(y16.size() * 2);
+  d_y16.upload(y16);
+  CombineRowsParams pr = pb;
+  pr.y = nullptr;
+  pr.y_bf16 = d_y16.as<uint16_t>();
+  d_out16.upload(std::vector<uint16_t>(size_t(T * N), 0x7fc1));
+  launch_combine_rows(pr, stream.get(), true);
+  stream.sync();
+  const std::vector<uint16_t> r16 = d_out16.to_host<uint16_t>();
+  int64_t rows16_bad = 0;
+  for (int64_t t = 0; t < T; ++t)
+    for (int64_t n = 0; n < N; ++n) {
+      float acc = 0.0f;
+      for (int64_t j = 0; j < k; ++j) {
+        const int32_t row = d.route_row[size_t(t * k + j)];
+        if (row >= 0) acc = acc + bf16_to_float(bf16{y16[size_t(int64_t(row) * N + n)]});
+      }
+      rows16_bad += r16[size_t(t * N + n)] != float_to_bf16(acc).bits;
+    }
+  EXPECT_EQ(rows16_bad, 0) << "bf16 outputs from bf16 rows other than the rounded slot-order fp32 sum";
 }
 
 TEST(CombineRowsGpu, SlotOrderFp32SumBitwiseAndDeterministic) {

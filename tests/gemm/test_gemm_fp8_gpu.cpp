@@ -5,10 +5,12 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
 #include <iostream>
 #include <vector>
 
 #include "bench/device_buffer.hpp"
+#include "common/bf16.hpp"
 #include "common/device_info.hpp"
 #include "common/rng.hpp"
 #include "dispatch/dispatch_ref.hpp"
@@ -319,6 +321,40 @@ void run_case(const GemmCase& c, CombineMode mode, uint64_t seed) {
     p.row_token = dtok.as<int32_t>();
     p.row_weight = dwt.as<float>();
     run_resident(true, "offsets");
+  }
+  // Route rows in bf16 (GemmFp8Params::store_bf16, the ffn layer's deterministic GEMM 2): the same
+  // run's fp32 rows, each rounded to nearest even, bit for bit, in every epilogue that stores rows.
+  if (mode == CombineMode::store) {
+    std::vector<GemmConfig> configs;
+    for (const bool handoff : {false, true}) {
+      WeightsOnMConfig cfg = chosen;
+      cfg.rows = WmRows::sorted;
+      cfg.balanced = false;
+      cfg.dynamic = true;
+      cfg.handoff = handoff;
+      cfg.warm_up = false;
+      configs.push_back(cfg);
+    }
+    if (frag_ok)
+      for (const bool sorted : {false, true}) {
+        TokensOnMConfig cfg;
+        cfg.sorted = sorted;
+        cfg.store = true;
+        configs.push_back(cfg);
+      }
+    for (const GemmConfig& cfg : configs) {
+      SCOPED_TRACE(key(cfg) + ", bf16 route rows");
+      frag_scale_quads = false;
+      const std::vector<float> f32 = launch(cfg, true);
+      p.store_bf16 = true;
+      const std::vector<float> raw = launch(cfg, true);
+      p.store_bf16 = false;
+      std::vector<uint16_t> b16(size_t(R * N));
+      std::memcpy(b16.data(), raw.data(), b16.size() * 2);
+      int64_t bad = 0;
+      for (int64_t i = 0; i < R * N; ++i) bad += b16[size_t(i)] != float_to_bf16(f32[size_t(i)]).bits;
+      EXPECT_EQ(bad, 0) << "bf16 route rows other than the fp32 rows rounded";
+    }
   }
   // Every unit walk (dense / compact, round robin / balanced shares / dynamic queue) and split-K
   // setting computes the same product.

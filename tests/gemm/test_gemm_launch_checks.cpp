@@ -123,6 +123,13 @@ TEST(GemmLaunchChecks, WeightSegmentsDivideNIntoWholeSegments) {
   expect_rejected(p, parse_gemm_key("wM.res.s5.bulk.dyn"), "segment_rows must be a multiple of 128");
 }
 
+// bf16 route rows: only where the config stores route rows.
+TEST(GemmLaunchChecks, Bf16RouteRowsNeedAStoringConfig) {
+  GemmFp8Params p = plain_params(CombineMode::atomic);
+  p.store_bf16 = true;
+  expect_rejected(p, parse_gemm_key("wM.sorted.s6.red.dense.dyn"), "store_bf16 is for configs that store route rows");
+}
+
 // The pre-wait weight prefetch: a non-negative budget, weights-on-M only.
 TEST(GemmLaunchChecks, PrewaitPrefetchIsTheWeightsOnMKernels) {
   GemmFp8Params p = plain_params(CombineMode::store);

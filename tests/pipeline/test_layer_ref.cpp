@@ -342,6 +342,40 @@ TEST(LayerRef, RandomSingleBf16MatchesNaive) { check_random_layer(Mode::single, 
 TEST(LayerRef, RandomFfnFp8MatchesNaive) { check_random_layer(Mode::ffn, DType::fp8); }
 TEST(LayerRef, RandomFfnBf16MatchesNaive) { check_random_layer(Mode::ffn, DType::bf16); }
 
+// bf16 route rows (the deterministic combine's): with one route per token the output is that
+// route's weighted row rounded to bf16, i.e. the plain reference's output rounded; with more routes
+// the rounded rows differ from the exact ones by bf16 rounding only; single mode has no such rows.
+TEST(LayerRef, Bf16RouteRowsRoundEachWeightedRow) {
+  LOOM_FRESH_SEED();
+  Rng rng(seed);
+  for (const int64_t k : {1, 3}) {
+    SCOPED_TRACE(testing::Message() << "k=" << k);
+    const int64_t T = 7, H = 192, I = 80, E = 4;
+    LayerWeights w;
+    w.shape = Shape{0, H, I, E, k, Mode::ffn, DType::fp8};
+    set_weights(w, random_floats(rng, size_t(E * 2 * I * H), 0.07), random_floats(rng, size_t(E * H * I), 0.1));
+    const auto hidden = to_bf16(random_floats(rng, size_t(T * H), 1.0));
+    const TopK tk = random_topk(rng, T, E, k, /*drops=*/true);
+    const LayerResult exact = layer_ref(w, hidden.data(), tk);
+    const LayerResult rows = layer_ref(w, hidden.data(), tk, nullptr, true);
+    ASSERT_EQ(rows.out.size(), exact.out.size());
+    if (k == 1) {
+      const std::vector<float> r = exact.rounded();
+      for (size_t i = 0; i < r.size(); ++i) ASSERT_EQ(rows.out[i], double(r[i])) << i;
+    } else {
+      const std::vector<float> got(rows.out.begin(), rows.out.end());
+      const ErrorStats e = relative_error(got.data(), exact.out.data(), T, H);
+      EXPECT_GT(e.overall, 0.0);   // the rounding shows
+      EXPECT_LE(e.overall, 8e-3);  // and is bf16's (2^-8 relative at most per row of k terms)
+    }
+  }
+  LayerWeights s;
+  s.shape = Shape{0, 128, 128, 2, 1, Mode::single, DType::fp8};
+  set_weights(s, random_floats(rng, size_t(2 * 128 * 128), 0.1), {});
+  const auto hidden = to_bf16(random_floats(rng, size_t(2 * 128), 1.0));
+  EXPECT_THROW(layer_ref(s, hidden.data(), random_topk(rng, 2, 2, 1, false), nullptr, true), Error);
+}
+
 // The token is quantised once: two tokens with identical hidden rows routed to the same expert
 // give identical outputs; and the layer output does not depend on the order of tokens.
 TEST(LayerRef, TokenOrderDoesNotMatter) {

@@ -429,7 +429,8 @@ std::vector<Record> run_bench(const BenchOptions& opt, std::ostream& log) {
     double reference_ms = -1;
     if (want_reference) {
       const auto t0 = std::chrono::steady_clock::now();
-      reference = layer_ref(weights, hidden.data(), routes.topk);
+      // (ffn deterministic: the combine's route rows rounded to bf16, docs/numerics.md)
+      reference = layer_ref(weights, hidden.data(), routes.topk, nullptr, s.mode == Mode::ffn && opt.layer.deterministic);
       const auto t1 = std::chrono::steady_clock::now();
       reference_ms = std::chrono::duration<double, std::milli>(t1 - t0).count();
       if (reference->out.size() != size_t(s.tokens * s.out_cols()))

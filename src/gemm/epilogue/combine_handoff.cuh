@@ -7,6 +7,7 @@
 
 #include <cstdint>
 
+#include "gemm/epilogue/route_rows.cuh"
 #include "gemm/epilogue/stage_columns.cuh"
 #include "gemm/mainloop/fp8_weights_on_m.cuh"
 #include "ptx/mbarrier.cuh"
@@ -85,8 +86,7 @@ struct CombineHandoff {
         if (a.atomic)
           ptx::red_add_v4_f32(a.out + int64_t(s.epi.row_token[col]) * a.n + n, w * v.x, w * v.y, w * v.z, w * v.w);
         else
-          *reinterpret_cast<float4*>(a.out + int64_t(chunk.x + col) * a.n + n) =
-              make_float4(w * v.x, w * v.y, w * v.z, w * v.w);
+          store_route_quad(a.out, a.store_bf16, chunk.x + col, a.n, n, w * v.x, w * v.y, w * v.z, w * v.w);
       }
       ptx::mbar_arrive(&s.epi.empty);  // every epilogue thread, after its own reads
       phase ^= 1;

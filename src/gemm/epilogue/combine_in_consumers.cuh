@@ -7,6 +7,7 @@
 #include <cstdint>
 
 #include "diag/chain_trace.cuh"
+#include "gemm/epilogue/route_rows.cuh"
 #include "gemm/epilogue/stage_columns.cuh"
 #include "gemm/mainloop/fp8_weights_on_m.cuh"
 #include "ptx/barrier.cuh"
@@ -64,8 +65,7 @@ struct CombineInConsumers {
             const int token = s.epi.chunk_token[consumer][chunk_col];
             ptx::red_add_v4_f32(a.out + int64_t(token) * a.n + n, w * v.x, w * v.y, w * v.z, w * v.w);
           } else {
-            *reinterpret_cast<float4*>(a.out + int64_t(row) * a.n + n) =
-                make_float4(w * v.x, w * v.y, w * v.z, w * v.w);
+            store_route_quad(a.out, a.store_bf16, row, a.n, n, w * v.x, w * v.y, w * v.z, w * v.w);
           }
         }
       }

@@ -9,6 +9,7 @@
 
 #include <cstdint>
 
+#include "gemm/epilogue/route_rows.cuh"
 #include "gemm/mainloop/fp8_tokens_on_m.cuh"
 #include "ptx/mbarrier.cuh"
 #include "ptx/red.cuh"
@@ -130,7 +131,7 @@ __device__ __forceinline__ void store_rows(const Record& m, const A& a, const fl
   const int my_row = row_base + (even ? row_a : row_b);  // in the tile
   const bool ok = my_row - row_base < wg_rows;
   const float wt = m.weight[my_row];
-  float* dst = a.out + int64_t(m.row0 + my_row) * a.n;
+  const int64_t dst_row = int64_t(m.row0 + my_row);
   // The block's output columns (its segment's rows; a wide unit's block past the last: none).
   const int n_first = a.seg.first_row(nb), n_end = nb < a.nblocks ? a.seg.end_row(nb) : 0;
   release_record();  // every read of the unit's record is done
@@ -143,8 +144,7 @@ __device__ __forceinline__ void store_rows(const Record& m, const A& a, const fl
     const float v0 = even ? final_acc[4 * j + 0] : got0, v1 = even ? final_acc[4 * j + 1] : got1;
     const float v2 = even ? got0 : final_acc[4 * j + 2], v3 = even ? got1 : final_acc[4 * j + 3];
     const int n = n_first + 8 * j + 4 * (q / 2);
-    if (ok && n < n_end)
-      *reinterpret_cast<float4*>(dst + n) = make_float4(wt * v0, wt * v1, wt * v2, wt * v3);
+    if (ok && n < n_end) store_route_quad(a.out, a.store_bf16, dst_row, a.n, n, wt * v0, wt * v1, wt * v2, wt * v3);
   }
 }
 

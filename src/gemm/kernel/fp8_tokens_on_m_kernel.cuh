@@ -51,6 +51,7 @@ struct TokensOnMArgs {
   int x_evict_last;         // TokensOnMConfig::x_evict_last
   int32_t* queue;           // dynamic tail (TokensOnMConfig::dynamic): the work queue; nullptr: round robin
   WeightSegments seg;       // block nb's weight rows and output columns (set after the rest)
+  int store_bf16;           // GemmFp8Params::store_bf16: route rows in bf16 (epilogue/route_rows.cuh)
 };
 
 // The SiLU*up epilogue's instance (kAct; GemmFp8Params::act): units are (row tile, I block); weight

@@ -68,6 +68,7 @@ struct WeightsOnMArgs {
   // walk_inputs_ready.
   int64_t prewait_bytes;
   int walk_inputs_ready;
+  int store_bf16;  // GemmFp8Params::store_bf16: route rows in bf16 (epilogue/route_rows.cuh)
 };
 
 template <class SourceT, class EpilogueT, ExpertsFrom kFrom, int kStagesT>
