@@ -48,6 +48,8 @@ void check_config_against_params(const GemmFp8Params& p, const GemmConfig& cfg, 
   if (p.prewait_prefetch_bytes < 0) throw Error(who + "prewait_prefetch_bytes must not be negative");
   if (p.store_bf16 && (p.combine != CombineMode::store || fused_act(cfg)))
     throw Error(who + key(cfg) + ": store_bf16 is for configs that store route rows");
+  if (p.reduce_rows && (p.combine != CombineMode::atomic || !std::holds_alternative<WeightsOnMConfig>(cfg)))
+    throw Error(who + key(cfg) + ": reduce_rows is for weights-on-M configs that reduce");
   if ((p.prewait_prefetch_bytes > 0 || p.walk_inputs_ready) && !std::holds_alternative<WeightsOnMConfig>(cfg))
     throw Error(who + key(cfg) + ": the pre-wait weight prefetch is the weights-on-M kernels' only");
   // The resident-rows kernel cuts N into plain 128-row blocks.
@@ -277,6 +279,7 @@ void launch_gemm_fp8_weights_on_m(const GemmFp8Params& p, const WeightsOnMConfig
   // Sorted rows walked in whole units (round robin), under PDL: otherwise there is no wait to
   // overlap, or the gathering walks' own warm-up and balanced shares take its place.
   a.store_bf16 = p.store_bf16 ? 1 : 0;
+  a.reduce_rows = p.reduce_rows ? 1 : 0;
   if (sorted && pdl && !cfg.balanced) {
     a.prewait_bytes = p.prewait_prefetch_bytes / grid;
     a.walk_inputs_ready = p.walk_inputs_ready ? 1 : 0;

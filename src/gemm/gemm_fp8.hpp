@@ -91,6 +91,10 @@ struct GemmFp8Params {
   // combine == store: the route rows in bf16 (each weighted value rounded to nearest even), out
   // then holding [R, N] bf16 (ffn GEMM 2, deterministic: half the bytes for the combine to read).
   bool store_bf16 = false;
+  // combine == atomic on a weights-on-M config: reduce into out[sorted row] ([R, N], zeroed before;
+  // unweighted with row_weight null) instead of out[token]: ffn GEMM 1 over split K or balanced
+  // shares, whose partial sums meet in the rows the intermediate's kernel reads.
+  bool reduce_rows = false;
   int experts = 0, n = 0, k = 0;
   CombineMode combine = CombineMode::atomic;
   // The SiLU*up epilogue (TokensOnMConfig::act, ffn GEMM 1 with N = 2I on w13): writes the

@@ -139,10 +139,18 @@ void run_stages(const Plan& p, const Weights& w, const Inputs& in, void* output,
   // 1 stores rows, and the intermediate's kernel clears GEMM 2's accumulator; where GEMM 1 computes
   // the intermediate itself, the accumulator is cleared here too).
   const bool act_in_gemm1 = ffn && fused_act(gc);
-  qp.zero_out = p.options.deterministic || (ffn && !act_in_gemm1) ? nullptr
-                : act_in_gemm1                                    ? at<float>(workspace, L.acc)
-                                                                  : static_cast<float*>(output);
-  qp.zero_cols = ffn ? s.hidden : s.inter;
+  // ffn GEMM 1 on a config that reduces (split K, balanced shares; by key): its partial sums meet in
+  // h's sorted rows, cleared here (the first T*k rows: every routed row).
+  const bool gemm1_reduces = ffn && !act_in_gemm1 && !combine_stores_rows(gc);
+  if (gemm1_reduces) {
+    qp.zero_out = at<float>(workspace, L.h);
+    qp.zero_cols = int(k * 2 * s.inter);
+  } else {
+    qp.zero_out = p.options.deterministic || (ffn && !act_in_gemm1) ? nullptr
+                  : act_in_gemm1                                    ? at<float>(workspace, L.acc)
+                                                                    : static_cast<float*>(output);
+    qp.zero_cols = ffn ? s.hidden : s.inter;
+  }
   // The GEMM's work queue resets itself at the end of every launch; the kernel before the GEMM
   // zeroes it once more (its generic word clear), so no run depends on how the previous one ended.
   int32_t* gemm_queue = at<int32_t>(workspace, L.gemm_queue);
@@ -211,7 +219,8 @@ void run_stages(const Plan& p, const Weights& w, const Inputs& in, void* output,
     gp.out = at<float>(workspace, L.h);
     gp.n = int(2 * s.inter);
     gp.segment_rows = int(s.inter);  // gate and up rows each in their own 128-row blocks
-    gp.combine = CombineMode::store;
+    gp.combine = gemm1_reduces ? CombineMode::atomic : CombineMode::store;
+    gp.reduce_rows = gemm1_reduces;
     if (act_in_gemm1) {  // ... or the intermediate itself, as GEMM 2 reads it
       const GemmConfig& gc2 = launches.gemm2;
       gp.out = nullptr;

@@ -122,7 +122,9 @@ Launches decide_ffn(const Shape& s, const Routing& r, const Options& o, const De
   Options o1 = o;
   o1.deterministic = true;
   o1.expert_bins = false;
-  // A fused-intermediate override (tM.wide...act) is decided as its row-storing twin, then put back.
+  // A fused-intermediate override (tM.wide...act) is decided as its row-storing twin, then put back;
+  // so is a weights-on-M override that reduces (over split K or balanced shares: the partial sums
+  // meet in h's sorted rows, GemmFp8Params::reduce_rows), fast combine only (float atomics).
   std::optional<GemmConfig> g1 = override_config;
   const bool act_override = override_config && fused_act(*override_config);
   if (act_override) {
@@ -131,8 +133,38 @@ Launches decide_ffn(const Shape& s, const Routing& r, const Options& o, const De
     twin.store = true;
     g1 = twin;
   }
+  const auto* wm_over = override_config ? std::get_if<WeightsOnMConfig>(&*override_config) : nullptr;
+  const bool reduce_override = wm_over && !wm_over->store;
+  if (reduce_override) {
+    WeightsOnMConfig twin = *wm_over;
+    twin.store = true;
+    twin.split_k = 1;
+    twin.balanced = false;
+    g1 = twin;
+  }
   Launches l = decide(s1, r, o1, dev, g1, tokens, from_logits);
   l.ffn = true;
+  // A twin's failure is the override's: say so by the key it was given.
+  if (g1 && override_config && !l.error.empty()) {
+    const std::string twin_key = key(*g1), given_key = key(*override_config);
+    if (const size_t at = l.error.find(twin_key); at != std::string::npos) l.error.replace(at, twin_key.size(), given_key);
+  }
+  if (reduce_override && l.error.empty()) {
+    WeightsOnMConfig back = std::get<WeightsOnMConfig>(l.gemm);  // with what decide() settled (rows, warm-up)
+    back.store = false;
+    back.split_k = wm_over->split_k;
+    back.balanced = wm_over->balanced;
+    try {
+      if (o.deterministic)
+        throw Error("GEMM 1 reduces its partial sums with float atomics: the deterministic combine needs one "
+                    "that stores rows");
+      validate(back);
+      check_shape(back, 2 * s.inter, s.hidden, s.experts, tokens);
+      l.gemm = back;
+    } catch (const Error& e) {
+      l.error = "gemm_config " + key(*override_config) + ": " + e.what();
+    }
+  }
   // GEMM 1 stores its rows and the intermediate's kernel follows: on the H200 that measured faster
   // than the fused epilogue at every batch the chooser gives token tiles (journal, session 43). The
   // fused epilogue runs when asked for by key.

@@ -130,6 +130,16 @@ TEST(GemmLaunchChecks, Bf16RouteRowsNeedAStoringConfig) {
   expect_rejected(p, parse_gemm_key("wM.sorted.s6.red.dense.dyn"), "store_bf16 is for configs that store route rows");
 }
 
+// Reducing into sorted rows: weights-on-M configs that reduce.
+TEST(GemmLaunchChecks, ReduceRowsNeedsAReducingWeightsOnMConfig) {
+  GemmFp8Params p = plain_params(CombineMode::store);
+  p.reduce_rows = true;
+  expect_rejected(p, parse_gemm_key("wM.sorted.s6.store.dense.dyn"), "reduce_rows is for weights-on-M configs that reduce");
+  p.combine = CombineMode::atomic;
+  p.x_scale_layout = ScaleLayout::row_quads;
+  expect_rejected(p, parse_gemm_key("tM.tall.s4.bulk.dyn"), "reduce_rows is for weights-on-M configs that reduce");
+}
+
 // The pre-wait weight prefetch: a non-negative budget, weights-on-M only.
 TEST(GemmLaunchChecks, PrewaitPrefetchIsTheWeightsOnMKernels) {
   GemmFp8Params p = plain_params(CombineMode::store);

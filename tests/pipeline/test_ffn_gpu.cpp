@@ -250,7 +250,12 @@ TEST(FfnGpu, MatchesCpuReferenceFromDecodeToPrefill) {
                              {2048, 1024, 384, 16, 4, "random", false, false, false, "tM.wide.s4.act.dyn.exl"},
                              // GEMM 2 with the hand-off epilogue (row-quad scales from the intermediate's kernel)
                              {512, 2048, 512, 64, 8, "random", false, true, false, nullptr,
-                              "wM.sorted.s4.ho.red.dense.dyn.efw"}};
+                              "wM.sorted.s4.ho.red.dense.dyn.efw"},
+                             // GEMM 1 over split K or balanced shares, reducing into h's sorted rows
+                             // (asked for by key; the glue clears h)
+                             {1, 2048, 512, 256, 8, "random", false, true, false, "wM.early.s8.red.compact.k2.warm"},
+                             {3, 2048, 512, 64, 8, "random", false, true, false, "wM.gather.s8.red.compact.k3.efw"},
+                             {17, 1024, 192, 16, 4, "zipf:1.2", false, false, false, "wM.gather.s8.red.compact.bal.efw"}};
   if (!test::sanitizer().empty())  // instrumented: the same paths on narrower layers
     cases = {{1, 512, 256, 16, 2, "random"},
              {17, 512, 256, 16, 2, "random"},
@@ -258,7 +263,8 @@ TEST(FfnGpu, MatchesCpuReferenceFromDecodeToPrefill) {
              {300, 512, 256, 8, 2, "concentrated", false, false},
              {1200, 512, 256, 16, 4, "random"},
              {300, 512, 192, 8, 2, "concentrated", true, false},
-             {1200, 512, 256, 16, 4, "random", false, true, false, "tM.wide.s4.act.dyn"}};
+             {1200, 512, 256, 16, 4, "random", false, true, false, "tM.wide.s4.act.dyn"},
+             {3, 512, 256, 16, 2, "random", false, true, false, "wM.gather.s8.red.compact.k2"}};
   for (const FfnCase& c : cases) check_case(c, seed);
 }
 

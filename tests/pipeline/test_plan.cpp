@@ -179,6 +179,33 @@ TEST(Plan, Gemm2ConfigOverridesFfnGemm2) {
   rejected(single, o, "single mode has one GEMM");
 }
 
+// A GEMM 1 key that reduces (split K, balanced shares): the fast combine's ffn plan runs it on h's
+// sorted rows at every batch it can gather; the deterministic one rejects it (float atomics).
+TEST(Plan, FfnGemm1OnAReducingKey) {
+  const Preset& layer = find_preset("qwen35-layer");
+  const DeviceSpec d = device_spec("h200");
+  Shape s = layer.shape;
+  s.tokens = 8;
+  for (const char* text : {"wM.gather.s8.red.compact.k2.efw", "wM.gather.s8.red.compact.bal.efw"}) {
+    Options o;
+    o.gemm_config = text;
+    const Plan p = plan(s, layer.routing, o, d);
+    for (const auto& b : p.buckets->buckets)
+      for (const Launches* l : {&b.from_logits, &b.from_ids}) {
+        EXPECT_EQ(l->error, "") << text << " T=" << b.first;
+        EXPECT_EQ(key(l->gemm), text) << "T=" << b.first;
+        EXPECT_FALSE(combine_stores_rows(l->gemm));
+      }
+    o.deterministic = true;
+    try {
+      plan(s, layer.routing, o, d);
+      ADD_FAILURE() << text << " planned in deterministic mode";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("float atomics"), std::string::npos) << e.what();
+    }
+  }
+}
+
 TEST(Plan, BucketsFollowTheChooserAcrossOptions) {
   const Routing r = find_preset("qwen35-single").routing;
   const DeviceSpec d = device_spec("h200");

@@ -84,7 +84,8 @@ struct CombineHandoff {
         const float4 v = *reinterpret_cast<const float4*>(&s.epi.cols[half][col][4 * quad]);
         if (n >= end) continue;
         if (a.atomic)
-          ptx::red_add_v4_f32(a.out + int64_t(s.epi.row_token[col]) * a.n + n, w * v.x, w * v.y, w * v.z, w * v.w);
+          ptx::red_add_v4_f32(a.out + int64_t(a.reduce_rows ? chunk.x + col : s.epi.row_token[col]) * a.n + n,
+                              w * v.x, w * v.y, w * v.z, w * v.w);
         else
           store_route_quad(a.out, a.store_bf16, chunk.x + col, a.n, n, w * v.x, w * v.y, w * v.z, w * v.w);
       }

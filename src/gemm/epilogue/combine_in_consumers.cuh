@@ -62,8 +62,8 @@ struct CombineInConsumers {
           const float w = s.epi.chunk_weight[consumer][chunk_col];
           const float4 v = *reinterpret_cast<const float4*>(&stage_cols[col][4 * quad]);
           if (a.atomic) {
-            const int token = s.epi.chunk_token[consumer][chunk_col];
-            ptx::red_add_v4_f32(a.out + int64_t(token) * a.n + n, w * v.x, w * v.y, w * v.z, w * v.w);
+            const int dst = a.reduce_rows ? row : s.epi.chunk_token[consumer][chunk_col];
+            ptx::red_add_v4_f32(a.out + int64_t(dst) * a.n + n, w * v.x, w * v.y, w * v.z, w * v.w);
           } else {
             store_route_quad(a.out, a.store_bf16, row, a.n, n, w * v.x, w * v.y, w * v.z, w * v.w);
           }

@@ -68,7 +68,8 @@ struct WeightsOnMArgs {
   // walk_inputs_ready.
   int64_t prewait_bytes;
   int walk_inputs_ready;
-  int store_bf16;  // GemmFp8Params::store_bf16: route rows in bf16 (epilogue/route_rows.cuh)
+  int store_bf16;   // GemmFp8Params::store_bf16: route rows in bf16 (epilogue/route_rows.cuh)
+  int reduce_rows;  // GemmFp8Params::reduce_rows: red.v4 into the sorted row, not the token's
 };
 
 template <class SourceT, class EpilogueT, ExpertsFrom kFrom, int kStagesT>
