@@ -276,10 +276,10 @@ void launch_gemm_fp8_weights_on_m(const GemmFp8Params& p, const WeightsOnMConfig
   a.grid_div = FastDivisor(uint32_t(grid));
   a.early_ids = p.early_ids;
   a.early_routes = p.early_routes;
-  // Sorted rows walked in whole units (round robin), under PDL: otherwise there is no wait to
-  // overlap, or the gathering walks' own warm-up and balanced shares take its place.
   a.store_bf16 = p.store_bf16 ? 1 : 0;
   a.reduce_rows = p.reduce_rows ? 1 : 0;
+  // Sorted rows walked in whole units (round robin), under PDL: otherwise there is no wait to
+  // overlap, or the gathering walks' own warm-up and balanced shares take its place.
   if (sorted && pdl && !cfg.balanced) {
     a.prewait_bytes = p.prewait_prefetch_bytes / grid;
     a.walk_inputs_ready = p.walk_inputs_ready ? 1 : 0;
