@@ -5,7 +5,9 @@
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
+#include <cstdint>
 #include <cstdlib>
+#include <cstring>
 #include <string>
 
 #include "common/cuda_check.hpp"
@@ -83,6 +85,13 @@ double mean_launch_us(const Stream& stream, Launch&& launch, int warmup = 20, in
   cudaEventDestroy(e0);
   cudaEventDestroy(e1);
   return 1e3 * double(ms) / iters;
+}
+
+// A float's bits (bitwise comparisons of kernel outputs).
+inline uint32_t bits(float x) {
+  uint32_t b;
+  std::memcpy(&b, &x, 4);
+  return b;
 }
 
 }  // namespace loom::test

@@ -63,11 +63,7 @@ class DeviceArray {
   size_t n_ = 0;
 };
 
-uint32_t bits(float f) {
-  uint32_t u;
-  std::memcpy(&u, &f, 4);
-  return u;
-}
+using test::bits;
 float from_bits(uint32_t u) {
   float f;
   std::memcpy(&f, &u, 4);

@@ -34,11 +34,7 @@ constexpr uint32_t kNaNBits = 0x7fc00000u;
 using DevBuf = bench::DeviceBuffer;
 using test::Stream;
 
-uint32_t bits(float f) {
-  uint32_t u;
-  std::memcpy(&u, &f, 4);
-  return u;
-}
+using test::bits;
 
 struct Case {
   int T, N, k, E;

@@ -27,11 +27,7 @@ namespace {
 
 using bench::DeviceBuffer;
 
-uint32_t bits(float x) {
-  uint32_t b;
-  std::memcpy(&b, &x, 4);
-  return b;
-}
+using test::bits;
 
 void run_case(int64_t tokens, int64_t hidden, int64_t inter, int64_t experts, int64_t topk, const char* dist,
               ScaleLayout layout, bool fragments, uint64_t seed) {

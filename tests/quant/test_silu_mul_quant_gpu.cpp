@@ -22,11 +22,7 @@ namespace {
 
 using bench::DeviceBuffer;
 
-uint32_t bits(float x) {
-  uint32_t b;
-  std::memcpy(&b, &x, 4);
-  return b;
-}
+using test::bits;
 
 void run_case(int64_t rows, int64_t padded, int inter, int experts, ScaleLayout layout, uint64_t seed,
               bool fragment_order = false) {
