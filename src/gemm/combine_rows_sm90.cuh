@@ -21,9 +21,9 @@ namespace loom {
 
 struct CombineRowsParams {
   const float* y = nullptr;            // [R, N] weighted rows, 16-byte aligned; or
-  const uint16_t* y_bf16 = nullptr;    // [R, N] bf16 weighted rows, 8-byte aligned (exactly one of the two)
+  const uint16_t* y_bf16 = nullptr;    // [R, N] bf16 weighted rows, 16-byte aligned (exactly one of the two)
   const int32_t* route_row = nullptr;  // [T*k]
-  int tokens = 0, topk = 0, cols = 0;  // cols = N, a positive multiple of 4 (16 in loom)
+  int tokens = 0, topk = 0, cols = 0;  // cols = N, a positive multiple of 4, of 8 with y_bf16 (16 in loom)
   float* out = nullptr;                // [T, N] fp32, 16-byte aligned; or
   uint16_t* out_bf16 = nullptr;        // [T, N] bf16, 8-byte aligned (exactly one of the two)
 };

@@ -290,6 +290,15 @@ TEST(CombineRows, LauncherChecksShapes) {
   bad([](CombineRowsParams& q) { q.cols = 0; });
   bad([](CombineRowsParams& q) { q.cols = 18; });
   bad([](CombineRowsParams& q) { q.route_row = nullptr; });
+  auto bf16_rows = [&](CombineRowsParams& q, uintptr_t at) {
+    q.y = nullptr;
+    q.y_bf16 = static_cast<const uint16_t*>(fake(at));
+  };
+  bad([&](CombineRowsParams& q) { bf16_rows(q, 0x10008); });  // bf16 rows are read 16 bytes at a time
+  bad([&](CombineRowsParams& q) {
+    bf16_rows(q, 0x10000);
+    q.cols = 20;  // a multiple of 4, not of 8
+  });
   bad([&](CombineRowsParams& q) { q.y = static_cast<const float*>(fake(0x10004)); });
   bad([&](CombineRowsParams& q) { q.out = static_cast<float*>(fake(0x30008)); });
   bad([&](CombineRowsParams& q) { q.out_bf16 = static_cast<uint16_t*>(fake(0x40000)); });  // both outputs
