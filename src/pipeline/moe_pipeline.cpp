@@ -139,8 +139,8 @@ void run_stages(const Plan& p, const Weights& w, const Inputs& in, void* output,
   // 1 stores rows, and the intermediate's kernel clears GEMM 2's accumulator; where GEMM 1 computes
   // the intermediate itself, the accumulator is cleared here too).
   const bool act_in_gemm1 = ffn && fused_act(gc);
-  // ffn GEMM 1 on a config that reduces (split K, balanced shares; by key): its partial sums meet in
-  // h's sorted rows, cleared here (the first T*k rows: every routed row).
+  // ffn GEMM 1 on a config that reduces (split K where the chooser splits, balanced shares by key):
+  // its partial sums meet in h's sorted rows, cleared here (the first T*k rows: every routed row).
   const bool gemm1_reduces = ffn && !act_in_gemm1 && !combine_stores_rows(gc);
   if (gemm1_reduces) {
     qp.zero_out = at<float>(workspace, L.h);

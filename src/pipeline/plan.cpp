@@ -125,7 +125,18 @@ Launches decide_ffn(const Shape& s, const Routing& r, const Options& o, const De
   // A fused-intermediate override (tM.wide...act) is decided as its row-storing twin, then put back;
   // so is a weights-on-M override that reduces (over split K or balanced shares: the partial sums
   // meet in h's sorted rows, GemmFp8Params::reduce_rows), fast combine only (float atomics).
-  std::optional<GemmConfig> g1 = override_config;
+  // Without an override, the fast combine: GEMM 1 splits K where the single-mode chooser would (fewer
+  // (expert, 128-row) units than SMs; its partial sums meet in h, which the glue clears). Balanced
+  // shares, the chooser's other reducing walk, measured no faster than storing (session 45's journal).
+  std::optional<GemmConfig> given = override_config;
+  if (!given && !o.deterministic) {
+    Options of = o1;
+    of.deterministic = false;
+    const Launches fast = decide(s1, r, of, dev, std::nullopt, tokens, from_logits);
+    if (const auto* wm = std::get_if<WeightsOnMConfig>(&fast.gemm); fast.error.empty() && wm && wm->split_k > 1)
+      given = *wm;
+  }
+  std::optional<GemmConfig> g1 = given;
   const bool act_override = override_config && fused_act(*override_config);
   if (act_override) {
     TokensOnMConfig twin = std::get<TokensOnMConfig>(*override_config);
@@ -133,8 +144,8 @@ Launches decide_ffn(const Shape& s, const Routing& r, const Options& o, const De
     twin.store = true;
     g1 = twin;
   }
-  const auto* wm_over = override_config ? std::get_if<WeightsOnMConfig>(&*override_config) : nullptr;
-  const bool reduce_override = wm_over && !wm_over->store;
+  const auto* wm_over = given ? std::get_if<WeightsOnMConfig>(&*given) : nullptr;
+  bool reduce_override = wm_over && !wm_over->store;
   if (reduce_override) {
     WeightsOnMConfig twin = *wm_over;
     twin.store = true;
@@ -143,6 +154,10 @@ Launches decide_ffn(const Shape& s, const Routing& r, const Options& o, const De
     g1 = twin;
   }
   Launches l = decide(s1, r, o1, dev, g1, tokens, from_logits);
+  if (!override_config && given && !l.error.empty()) {  // the chooser's split cannot run: store instead
+    l = decide(s1, r, o1, dev, std::nullopt, tokens, from_logits);
+    reduce_override = false;
+  }
   l.ffn = true;
   // A twin's failure is the override's: say so by the key it was given.
   if (g1 && override_config && !l.error.empty()) {
@@ -162,7 +177,8 @@ Launches decide_ffn(const Shape& s, const Routing& r, const Options& o, const De
       check_shape(back, 2 * s.inter, s.hidden, s.experts, tokens);
       l.gemm = back;
     } catch (const Error& e) {
-      l.error = "gemm_config " + key(*override_config) + ": " + e.what();
+      if (override_config) l.error = "gemm_config " + key(*override_config) + ": " + e.what();
+      // else the chooser's split cannot run: l.gemm stays its row-storing twin
     }
   }
   // GEMM 1 stores its rows and the intermediate's kernel follows: on the H200 that measured faster

@@ -211,7 +211,7 @@ TEST(GemmConfig, KeysRoundTrip) {
             ++checked;
           }
   EXPECT_GT(checked, 400);
-  EXPECT_EQ(key(preset(1)), "wM.gather.s8.red.compact.k5.warm");
+  EXPECT_EQ(key(preset(1)), "wM.gather.s8.red.compact.k4.warm");  // 8 experts x 4 blocks: 4 x 32 <= 132 SMs
   EXPECT_EQ(key(preset(8192)), "tM.tall.s4.bulk.dyn.exl");
   EXPECT_EQ(key(preset(512, true)), "wM.res.s5.bulk.dyn.efw");
   EXPECT_EQ(key(preset(512)), "wM.sorted.s6.red.dense.dyn.efw");

@@ -42,8 +42,9 @@ void check_plan(const Plan& p) {
                                       << l.summary(logits));
       EXPECT_EQ(key(parse_gemm_key(key(l.gemm))), key(l.gemm));
       EXPECT_EQ(l.ffn, p.shape.mode == Mode::ffn);
-      if (l.ffn) {  // GEMM 1 stores each sorted row; GEMM 2 reads the intermediate's sorted rows
-        EXPECT_TRUE(combine_stores_rows(l.gemm) || fused_act(l.gemm));
+      if (l.ffn) {  // GEMM 1 stores each sorted row (or, fast only, reduces split K into them);
+                    // GEMM 2 reads the intermediate's sorted rows
+        EXPECT_TRUE(combine_stores_rows(l.gemm) || fused_act(l.gemm) || !p.options.deterministic);
         EXPECT_FALSE(l.chain.expert_bins);
         EXPECT_EQ(key(parse_gemm_key(key(l.gemm2))), key(l.gemm2));
         EXPECT_EQ(combine_stores_rows(l.gemm2), p.options.deterministic);
@@ -115,6 +116,19 @@ TEST(Plan, FfnLayerPlansEveryBatch) {
         EXPECT_NE(describe(p).find(".sorted.s4."), std::string::npos) << describe(p);
       }
     }
+  // GEMM 1 at T=1 has 8 experts x 8 row blocks, fewer units than SMs: the fast plan splits K as the
+  // single-mode chooser does (partial sums reduced into h); the deterministic one stores rows.
+  for (const bool deterministic : {false, true}) {
+    Shape s = layer.shape;
+    s.tokens = 1;
+    Options o;
+    o.deterministic = deterministic;
+    const Plan p = plan(s, layer.routing, o, d);
+    const auto* wm = std::get_if<WeightsOnMConfig>(&launches_for(p, 1, true).gemm);
+    ASSERT_NE(wm, nullptr);
+    EXPECT_EQ(wm->store, deterministic);
+    EXPECT_EQ(wm->split_k > 1, !deterministic) << key(launches_for(p, 1, true).gemm);
+  }
   Shape wide = layer.shape;
   wide.hidden = 7168;
   wide.inter = 1536;

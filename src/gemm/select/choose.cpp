@@ -76,12 +76,13 @@ GemmConfig choose_gemm_config(const GemmProblem& pr, const DeviceInfo& device) {
   // several chunks per expert a unit re-reads its weights: activations go first instead.
   c.weights_evict_first = stream_outgrows_l2 && rows_per_expert <= kWeightsOnMMaxChunk;
   c.x_evict_first = !gather && stream_outgrows_l2 && rows_per_expert > kWeightsOnMMaxChunk;
-  // Fewer units than SMs leave SMs idle: split K until there is about one unit per SM (red combine
-  // only; the chunk walk takes no split). Not further: shorter units cost more than the balance.
+  // Fewer units than SMs leave SMs idle: split K into as many ranges as keep every unit in one wave
+  // (units x split <= SMs; red combine only; the chunk walk takes no split). A split that spills
+  // into a second wave measured slower than the next smaller one (session 45's journal).
   const int64_t nblocks = (n + kFp8BlockRows - 1) / kFp8BlockRows, kblocks = (k + kFp8BlockK - 1) / kFp8BlockK;
   const double units = std::max(1.0, hit) * double(nblocks);
   if (!deterministic && units < device.sm_count && !from_bins)
-    c.split_k = int(std::clamp<int64_t>(int64_t(std::ceil(device.sm_count / units)), 1, std::min<int64_t>(8, kblocks)));
+    c.split_k = int(std::clamp<int64_t>(int64_t(std::floor(device.sm_count / units)), 1, std::min<int64_t>(8, kblocks)));
   // Balanced shares when each SM has one to a few whole units of gathered rows: round robin then
   // leaves some SMs a whole unit more than others.
   c.balanced = !deterministic && !nearly_all_hit && gather && c.split_k == 1;
