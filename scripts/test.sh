@@ -5,3 +5,5 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/build.sh
 ctest --test-dir "${BUILD_DIR:-build}" --output-on-failure -j "${JOBS:-$(nproc)}" "$@"
+# The installed tree from a user's CMake project (find_package(loom), loom::loom; C and C++).
+scripts/test-install.sh

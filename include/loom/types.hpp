@@ -13,6 +13,11 @@ class Error : public std::runtime_error {
  public:
   using std::runtime_error::runtime_error;
 };
+// A CUDA call failed (no device, a launch or an asynchronous error); the message names the call.
+class CudaError : public Error {
+ public:
+  using Error::Error;
+};
 
 // single: one expert GEMM per route, K = hidden -> N = inter, fp32 output [T, N].
 // ffn:    w13 (hidden -> 2*inter), SiLU(gate)*up, w2 (inter -> hidden), bf16 output [T, hidden].

@@ -1,4 +1,4 @@
-// Checking every CUDA call: failures become loom::Error with the call, file and line.
+// Checking every CUDA call: failures become loom::CudaError with the call, file and line.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -10,7 +10,7 @@
 namespace loom {
 
 [[noreturn]] inline void cuda_fail(cudaError_t e, const char* what, const char* file, int line) {
-  throw Error(std::string("CUDA error ") + cudaGetErrorName(e) + " (" + cudaGetErrorString(e) + ") in " + what +
+  throw CudaError(std::string("CUDA error ") + cudaGetErrorName(e) + " (" + cudaGetErrorString(e) + ") in " + what +
               " at " + file + ":" + std::to_string(line));
 }
 

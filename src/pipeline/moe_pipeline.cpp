@@ -3,7 +3,9 @@
 // the deterministic combine), chained with PDL.
 #include <cuda_runtime.h>
 
+#include <cstdint>
 #include <string>
+#include <utility>
 
 #include "common/cuda_check.hpp"
 #include "common/device_info.hpp"
@@ -58,6 +60,16 @@ void run_stages(const Plan& p, const Weights& w, const Inputs& in, void* output,
   if (!in.hidden || !output || !workspace || !w.w1 || !w.w1_scales) throw Error("run: null device pointer");
   const bool ffn = s.mode == Mode::ffn;
   if (ffn && (!w.w2 || !w.w2_scales)) throw Error("run: ffn mode needs w2 and w2_scales");
+  // TMA and the kernels' vector loads and stores start on 16-byte boundaries; the workspace's
+  // carve-up is in 256-byte units.
+  const std::pair<const void*, const char*> buffers[] = {
+      {in.hidden, "hidden"},           {in.router_logits, "router_logits"}, {in.expert_bias, "expert_bias"},
+      {in.topk_ids, "topk_ids"},       {in.topk_weights, "topk_weights"},   {w.w1, "w1"},
+      {w.w1_scales, "w1_scales"},      {w.w2, "w2"},                        {w.w2_scales, "w2_scales"},
+      {output, "output"}};
+  for (const auto& [ptr, name] : buffers)
+    if ((reinterpret_cast<uintptr_t>(ptr) & 15u) != 0) throw Error(std::string("run: ") + name + " must be 16-byte aligned");
+  if ((reinterpret_cast<uintptr_t>(workspace) & 255u) != 0) throw Error("run: workspace must be 256-byte aligned");
 
   const Plan::Layout& L = p.layout;
   const int T = int(in.tokens), E = int(s.experts), k = int(s.topk);

@@ -297,7 +297,7 @@ size_t carve(size_t& cursor, size_t bytes) {
 DeviceSpec current_device() {
   std::string why;
   const auto dev = query_device(&why);
-  if (!dev) throw Error("no GPU: " + why);
+  if (!dev) throw CudaError("no GPU: " + why);
   return DeviceSpec{dev->name, dev->major, dev->minor, dev->sm_count, dev->l2_bytes, dev->smem_per_block_optin};
 }
 
