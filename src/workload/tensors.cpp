@@ -17,20 +17,29 @@ using namespace workload_detail;
 double log_uniform(Rng& r, double lo, double hi) { return std::exp(r.uniform(std::log(lo), std::log(hi))); }
 
 // One expert's matrix [rows, cols]: U(-1, 1) / sqrt(cols) times a per-(expert, matrix) magnitude
-// in [0.25, 4], so block scales differ between experts and GEMM outputs stay O(1). Two 24-bit
-// uniforms per 64-bit draw keep this near memory speed.
+// in [0.25, 4], so block scales differ between experts and GEMM outputs stay O(1), times a factor
+// in [0.5, 2] per 128 x 128 block, so the block scales within one matrix differ too (a kernel that
+// took another block's scale would be off by up to 4x there, not by the 1e-4 that the maxima of
+// equal uniform blocks differ by). Two 24-bit uniforms per 64-bit draw keep this near memory speed.
 template <class Out, class Convert>
 void fill_expert(Out* out, int64_t rows, int64_t cols, uint64_t seed, Stream matrix, int64_t expert, Convert convert) {
   Rng r(seed, stream_id(matrix, uint64_t(expert)));
   const float a = float(log_uniform(r, 0.25, 4.0) / std::sqrt(double(cols)));
-  const int64_t n = rows * cols;
-  int64_t i = 0;
-  for (; i + 1 < n; i += 2) {
-    const uint64_t bits = r.next();
-    out[i] = convert(a * signed_unit24(uint32_t(bits)));
-    out[i + 1] = convert(a * signed_unit24(uint32_t(bits >> 32)));
+  constexpr int64_t kBlock = 128;
+  const int64_t col_blocks = (cols + kBlock - 1) / kBlock, row_blocks = (rows + kBlock - 1) / kBlock;
+  std::vector<float> block_scale(static_cast<size_t>(row_blocks * col_blocks));
+  for (float& f : block_scale) f = a * float(log_uniform(r, 0.5, 2.0));
+  // cols is even (a multiple of 16), so a pair never spans two rows or two column blocks.
+  for (int64_t row = 0; row < rows; ++row) {
+    const float* f = block_scale.data() + (row / kBlock) * col_blocks;
+    Out* o = out + row * cols;
+    for (int64_t c = 0; c < cols; c += 2) {
+      const uint64_t bits = r.next();
+      const float m = f[c / kBlock];
+      o[c] = convert(m * signed_unit24(uint32_t(bits)));
+      o[c + 1] = convert(m * signed_unit24(uint32_t(bits >> 32)));
+    }
   }
-  if (i < n) out[i] = convert(a * signed_unit24(uint32_t(r.next())));
 }
 
 // fp8: generate one expert at a time into a per-thread fp32 buffer and quantise it, so the fp32
