@@ -9,6 +9,7 @@
 #   SANITIZE         tools to run over every GPU test (default "memcheck synccheck racecheck"; '' none)
 #   SANITIZE_FILTER, SANITIZE_SECONDS, SANITIZE_JOBS: see scripts/sanitize.sh
 #   SKIP_PEAKS       set: skip `loom peaks`
+#   SKIP_PYTHON      set: skip the Python package's pytest and tools/torch_bench.py (run where torch is)
 #   SKIP_SKELETON    set: skip the lab's probes (`loom-lab skeleton`, `gather-probe`, `stream-probe`,
 #                    `warp-probe`; ~10 s; a build with the lab only)
 #   CHECK_BENCH      `loom bench` runs, ';'-separated argument lists (default: docs/perf/current.md's;
@@ -58,6 +59,18 @@ if [ "$filter" != "-" ]; then
   gpu_ran=$(grep '^\[       OK \]' "$out/logs/tests.log" | grep -c 'Gpu\.')
   note "tests: rc=$test_rc passed=$passed failed=$failed skipped=$skipped (GPU tests passed: $gpu_ran)"
   grep '^\[  FAILED  \] [A-Za-z].*(' "$out/logs/tests.log" | sort -u | tee -a "$summary"
+fi
+
+# The Python package on the source tree (the GPU machine has no PyPI for `pip install`): pytest
+# with the built library, then the front's cost against `loom bench` (tools/torch_bench.py).
+if [ -z "${SKIP_PYTHON:-}" ] && python3 -c "import torch, pytest" 2>/dev/null; then
+  LOOM_LIBRARY=$PWD/$build/src/libloom.so PYTHONPATH=$PWD/python \
+    python3 -m pytest -q -p no:cacheprovider -rs python/tests > "$out/logs/pytest.log" 2>&1
+  note "pytest: rc=$? $(tail -1 "$out/logs/pytest.log")"
+  LOOM_LIBRARY=$PWD/$build/src/libloom.so PYTHONPATH=$PWD/python \
+    python3 tools/torch_bench.py --loom "$loom" --json "$out/logs/torch_bench.json" > "$out/logs/torch_bench.txt" 2>&1
+  note "torch_bench: rc=$?"
+  cat "$out/logs/torch_bench.txt" >> "$summary"
 fi
 
 # compute-sanitizer over every GPU test (scripts/sanitize.sh: a process per test and tool, several

@@ -1,0 +1,214 @@
+"""loom: fused Mixture-of-Experts layers for NVIDIA Hopper, from PyTorch.
+
+    import loom
+    out = loom.fused_moe(hidden, w13, w2, w13_scale=s13, w2_scale=s2, router_logits=logits, topk=8)
+
+`fused_moe` is the whole layer (w13 -> SiLU(gate)*up -> w2 -> weighted combine, bf16 out);
+`moe_single` the one-GEMM layer. Both are torch.library custom ops (loom::fused_moe,
+loom::moe_single) with fake implementations, so they run under torch.compile and inside CUDA
+graph capture. docs/api.md describes layouts, streams, devices, capture and errors."""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+
+from . import _lib, _ops
+from ._lib import ABI_VERSION, LoomError
+from .quant import dequantize, make_w13, quantize_activations_fp8, quantize_weights_fp8
+
+__all__ = [
+    "ABI_VERSION", "LoomError", "abi_version", "build_commit", "describe", "fused_moe", "layer_status",
+    "make_w13", "moe_single", "prepare", "quantize_activations_fp8", "quantize_weights_fp8", "dequantize",
+]
+
+__version__ = "0.1.0"
+
+_FP8 = torch.float8_e4m3fn
+
+
+def abi_version() -> int:
+    """The loaded library's C ABI version (the import of the ops checks it equals ABI_VERSION)."""
+    return _lib.abi_version()
+
+
+def build_commit() -> str:
+    """The commit the loaded library was built from."""
+    return _lib.build_commit()
+
+
+def _blocks(n: int) -> int:
+    return (n + 127) // 128
+
+
+def _fail(message: str, exc=ValueError):
+    raise exc(f"loom: {message}")
+
+
+def _check_tensor(name: str, t: torch.Tensor, dtype, shape: tuple, device: torch.device) -> None:
+    if not isinstance(t, torch.Tensor):
+        _fail(f"{name} must be a torch.Tensor, got {type(t).__name__}", TypeError)
+    if t.dtype != dtype:
+        _fail(f"{name} must be {dtype}, got {t.dtype}", TypeError)
+    if t.device != device:
+        _fail(f"{name} is on {t.device}, hidden on {device}: all tensors must be on one device")
+    if tuple(t.shape) != tuple(shape):
+        _fail(f"{name} must have shape {tuple(shape)}, got {tuple(t.shape)}")
+    if not t.is_contiguous():
+        _fail(f"{name} must be contiguous")
+
+
+def _routing_args(hidden, experts, router_logits, topk_ids, topk_weights, expert_bias, topk, scoring, n_group,
+                  topk_group):
+    T = hidden.shape[0]
+    dev = hidden.device
+    if not (isinstance(topk, int) and 1 <= topk <= experts):
+        _fail(f"topk must be an int in [1, {experts}], got {topk!r}")
+    if scoring not in ("softmax", "sigmoid"):
+        _fail(f"scoring must be 'softmax' or 'sigmoid', got {scoring!r}")
+    if (router_logits is None) == (topk_ids is None):
+        _fail("give router_logits, or topk_ids with topk_weights: exactly one of the two")
+    if router_logits is not None:
+        if topk_weights is not None:
+            _fail("topk_weights goes with topk_ids, not with router_logits")
+        if router_logits.dtype in (torch.bfloat16, torch.float16):
+            router_logits = router_logits.float()  # loom routes from fp32 logits
+        _check_tensor("router_logits", router_logits, torch.float32, (T, experts), dev)
+    else:
+        if topk_weights is None:
+            _fail("topk_ids needs topk_weights")
+        if topk_ids.dtype == torch.int64:
+            topk_ids = topk_ids.to(torch.int32)
+        _check_tensor("topk_ids", topk_ids, torch.int32, (T, topk), dev)
+        _check_tensor("topk_weights", topk_weights, torch.float32, (T, topk), dev)
+    if expert_bias is not None:
+        if scoring != "sigmoid":
+            _fail("expert_bias steers sigmoid scoring only")
+        _check_tensor("expert_bias", expert_bias, torch.float32, (experts,), dev)
+    if not (isinstance(n_group, int) and isinstance(topk_group, int)):
+        _fail("n_group and topk_group must be ints")
+    return router_logits, topk_ids, topk_weights
+
+
+def _check_hidden(hidden: torch.Tensor) -> None:
+    if not isinstance(hidden, torch.Tensor):
+        _fail(f"hidden must be a torch.Tensor, got {type(hidden).__name__}", TypeError)
+    if hidden.dim() != 2:
+        _fail(f"hidden must be [T, H], got shape {tuple(hidden.shape)}")
+    if hidden.dtype != torch.bfloat16:
+        _fail(f"hidden must be torch.bfloat16, got {hidden.dtype}", TypeError)
+    if hidden.device.type not in ("cuda", "meta"):
+        _fail(f"hidden must be on a CUDA device, got {hidden.device}")
+    if not hidden.is_contiguous():
+        _fail("hidden must be contiguous")
+
+
+def fused_moe(hidden: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, *, router_logits: Optional[torch.Tensor] = None,
+              topk_ids: Optional[torch.Tensor] = None, topk_weights: Optional[torch.Tensor] = None,
+              w13_scale: Optional[torch.Tensor] = None, w2_scale: Optional[torch.Tensor] = None, topk: int,
+              renormalize: bool = True, scoring: str = "softmax", softcap: float = 0.0, n_group: int = 1,
+              topk_group: int = 1, routed_scaling: float = 1.0, expert_bias: Optional[torch.Tensor] = None,
+              deterministic: bool = False, out: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """The MoE layer: bf16 out [T, H] = sum over each token's k routes of weight * w2 @ (SiLU(gate) * up),
+    (gate; up) = w13 @ hidden, in FP8 (hidden quantised per 1x128 group; weights e4m3 with 128x128
+    block scales; the intermediate re-quantised per 1x128 group).
+
+    hidden [T, H] bf16; w13 [E, 2I, H] e4m3 (gate rows, then up rows; vLLM's w13_weight), w13_scale
+    [E, 2 ceil(I/128), ceil(H/128)] fp32; w2 [E, H, I] e4m3, w2_scale [E, ceil(H/128), ceil(I/128)]
+    fp32. Routes: router_logits [T, E] (fp32; bf16/fp16 are widened), routed here by `scoring` with
+    topk, renormalize, softcap, n_group/topk_group and expert_bias (sigmoid) and routed_scaling; or
+    precomputed topk_ids [T, k] int32 (int64 narrowed) with topk_weights [T, k] fp32, used as given.
+    deterministic: bitwise the same output run to run (no float atomics). out: a bf16 [T, H] tensor
+    to write (returned). Routes whose id is outside [0, E) and NaN logits do not fail: they are
+    counted in layer_status()."""
+    _check_hidden(hidden)
+    T, H = hidden.shape
+    dev = hidden.device
+    if not (isinstance(w13, torch.Tensor) and w13.dim() == 3):
+        _fail("w13 must be a [E, 2I, H] tensor", TypeError)
+    E, two_i = w13.shape[0], w13.shape[1]
+    if two_i % 2:
+        _fail(f"w13 must have 2I rows (gate, then up), got {two_i}")
+    inter = two_i // 2
+    if w13.dtype == torch.bfloat16 or (isinstance(w2, torch.Tensor) and w2.dtype == torch.bfloat16):
+        raise ValueError("loom: BF16 weights do not run on the GPU yet (the BF16 layer is issue 47); quantise them "
+                         "with loom.quantize_weights_fp8 (w13: segments=2)")
+    _check_tensor("w13", w13, _FP8, (E, two_i, H), dev)
+    _check_tensor("w2", w2, _FP8, (E, H, inter), dev)
+    if w13_scale is None or w2_scale is None:
+        _fail("FP8 weights need w13_scale and w2_scale")
+    _check_tensor("w13_scale", w13_scale, torch.float32, (E, 2 * _blocks(inter), _blocks(H)), dev)
+    _check_tensor("w2_scale", w2_scale, torch.float32, (E, _blocks(H), _blocks(inter)), dev)
+    router_logits, topk_ids, topk_weights = _routing_args(hidden, E, router_logits, topk_ids, topk_weights,
+                                                          expert_bias, topk, scoring, n_group, topk_group)
+    args = (hidden, w13, w2, w13_scale, w2_scale, router_logits, topk_ids, topk_weights, expert_bias, topk,
+            bool(renormalize), scoring, float(softcap), n_group, topk_group, float(routed_scaling),
+            bool(deterministic))
+    direct = _ops.eager(hidden)
+    if out is None:
+        return _ops.fused_moe_direct(*args) if direct else torch.ops.loom.fused_moe(*args)
+    _check_tensor("out", out, torch.bfloat16, (T, H), dev)
+    if direct:
+        _ops.ffn_into(out, *args)
+    else:
+        torch.ops.loom.fused_moe_out(out, *args)
+    return out
+
+
+def moe_single(hidden: torch.Tensor, w: torch.Tensor, *, w_scale: torch.Tensor,
+               router_logits: Optional[torch.Tensor] = None, topk_ids: Optional[torch.Tensor] = None,
+               topk_weights: Optional[torch.Tensor] = None, topk: int, renormalize: bool = True,
+               scoring: str = "softmax", softcap: float = 0.0, n_group: int = 1, topk_group: int = 1,
+               routed_scaling: float = 1.0, expert_bias: Optional[torch.Tensor] = None,
+               deterministic: bool = False) -> torch.Tensor:
+    """loom's one-GEMM layer: fp32 out [T, N] = sum over each token's k routes of weight * w[e] @ hidden,
+    w [E, N, H] e4m3 with w_scale [E, ceil(N/128), ceil(H/128)] fp32; routing as in fused_moe."""
+    _check_hidden(hidden)
+    T, H = hidden.shape
+    dev = hidden.device
+    if not (isinstance(w, torch.Tensor) and w.dim() == 3):
+        _fail("w must be a [E, N, H] tensor", TypeError)
+    E, N = w.shape[0], w.shape[1]
+    _check_tensor("w", w, _FP8, (E, N, H), dev)
+    _check_tensor("w_scale", w_scale, torch.float32, (E, _blocks(N), _blocks(H)), dev)
+    router_logits, topk_ids, topk_weights = _routing_args(hidden, E, router_logits, topk_ids, topk_weights,
+                                                          expert_bias, topk, scoring, n_group, topk_group)
+    args = (hidden, w, w_scale, router_logits, topk_ids, topk_weights, expert_bias, topk, bool(renormalize), scoring,
+            float(softcap), n_group, topk_group, float(routed_scaling), bool(deterministic))
+    return _ops.moe_single_direct(*args) if _ops.eager(hidden) else torch.ops.loom.moe_single(*args)
+
+
+def prepare(device, *, max_tokens: int, hidden: int, inter: int, experts: int, topk: int, mode: str = "ffn",
+            renormalize: bool = True, scoring: str = "softmax", softcap: float = 0.0, n_group: int = 1,
+            topk_group: int = 1, routed_scaling: float = 1.0, deterministic: bool = False) -> str:
+    """Makes the plans and workspaces for every batch up to max_tokens before a CUDA graph capture
+    (a first eager call does the same for its own T). Returns the largest plan's description."""
+    if mode not in ("ffn", "single"):
+        _fail(f"mode must be 'ffn' or 'single', got {mode!r}")
+    plan = _ops.prepare(torch.device(device), _lib.MODE_FFN if mode == "ffn" else _lib.MODE_SINGLE, max_tokens,
+                        hidden, inter, experts, topk,
+                        _ops._routing_key(scoring, softcap, renormalize, n_group, topk_group, routed_scaling),
+                        deterministic)
+    return plan.describe()
+
+
+def describe(*, tokens: int, hidden: int, inter: int, experts: int, topk: int, mode: str = "ffn",
+             deterministic: bool = False, device: Optional[str] = None) -> str:
+    """What loom would launch for a shape: device None plans for the current GPU, "h200"/"h100" for
+    a described one (no GPU needed)."""
+    if mode not in ("ffn", "single"):
+        _fail(f"mode must be 'ffn' or 'single', got {mode!r}")
+    o = _lib.default_options()
+    o.deterministic = int(deterministic)
+    shape = _lib.Shape(tokens, hidden, inter, experts, topk, _lib.MODE_FFN if mode == "ffn" else _lib.MODE_SINGLE,
+                       _lib.DTYPE_FP8)
+    return _lib.Plan(shape, _lib.default_routing(), o, device).describe()
+
+
+def layer_status(device=None) -> dict:
+    """The status word of the last run on `device` (synchronises its current stream): tokens with a
+    NaN router logit, and routes whose expert id was out of range (ignored)."""
+    st = _ops.layer_status(torch.device(device) if device is not None else torch.device("cuda",
+                                                                                        torch.cuda.current_device()))
+    return {"nan_tokens": int(st.nan_tokens), "dropped_routes": int(st.dropped_routes)}
