@@ -173,3 +173,26 @@ def test_c_abi_plan_and_run_checks_through_ctypes():
     bad = _lib.Shape(64, 2048, 512, 256, 8, 5, _lib.DTYPE_FP8)
     with pytest.raises(ValueError, match="mode"):
         _lib.Plan(bad, _lib.default_routing(), _lib.default_options(), "h200")
+
+
+def test_ops_pass_opcheck_on_meta_tensors_and_out_compiles():
+    a = meta_layer()
+    args = (a["hidden"], a["w13"], a["w2"], a["w13_scale"], a["w2_scale"], a["router_logits"], None, None, None, 2,
+            True, "softmax", 0.0, 1, 1, 1.0, False)
+    out = torch.empty(5, 256, dtype=torch.bfloat16, device="meta")
+    for op, op_args in ((torch.ops.loom.fused_moe.default, args), (torch.ops.loom.fused_moe_out.default, (out,) + args)):
+        results = torch.library.opcheck(op, op_args)
+        assert all(v == "SUCCESS" for v in results.values()), results
+    from torch._dynamo.testing import CompileCounter
+
+    counter = CompileCounter()
+    torch._dynamo.reset()
+
+    def layer(hidden, w13, w2, w13_scale, w2_scale, router_logits, out):
+        loom.fused_moe(hidden, w13, w2, w13_scale=w13_scale, w2_scale=w2_scale, router_logits=router_logits, topk=2,
+                       out=out)
+        return out * 2
+
+    compiled = torch.compile(layer, backend=counter, fullgraph=True, dynamic=True)
+    assert compiled(**a, out=out).shape == (5, 256)
+    assert counter.frame_count == 1

@@ -193,6 +193,14 @@ def test_a_new_shape_inside_a_capture_is_refused_with_the_remedy():
     assert overall <= FFN_TOL and row <= FFN_ROW_TOL
 
 
+def test_opcheck_on_the_gpu():
+    layer = make_layer(24, 512, 128, 8, seed=12)
+    args = (layer["hidden"], layer["w13"], layer["w2"], layer["w13_scale"], layer["w2_scale"], layer["router_logits"],
+            None, None, None, 2, True, "softmax", 0.0, 1, 1, 1.0, True)
+    results = torch.library.opcheck(torch.ops.loom.fused_moe.default, args)
+    assert all(v == "SUCCESS" for v in results.values()), results
+
+
 def test_edge_cases_zero_tokens_bad_ids_misaligned_views_and_bf16_weights():
     layer = make_layer(16, 512, 128, 8, seed=6)
     empty = run(dict(layer, hidden=layer["hidden"][:0], router_logits=layer["router_logits"][:0]), topk=2)
