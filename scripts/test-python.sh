@@ -5,7 +5,7 @@
 # pytest on the source tree instead: PYTHONPATH=python LOOM_LIBRARY=build/src/libloom.so.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-venv=${VENV:-build/venv}
+venv=$(realpath -m "${VENV:-build/venv}")
 if [ ! -x "$venv/bin/python" ]; then
   python3 -m venv "$venv"
 fi
