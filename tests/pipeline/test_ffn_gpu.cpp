@@ -14,7 +14,9 @@
 //    row of few routes; that is printed, and bounded only loosely.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstring>
+#include <string>
 #include <vector>
 
 #include "bench/device_buffer.hpp"
@@ -45,6 +47,7 @@ struct FfnCase {
   bool gpu_reference = false;  // large shapes: the independent GPU reference instead of layer_ref
   const char* gemm_config = nullptr;   // GEMM 1's config (Options::gemm_config), else the chooser's
   const char* gemm2_config = nullptr;  // GEMM 2's (Options::gemm2_config)
+  int64_t plan_tokens = 0;  // > tokens: the plan (and workspace) for more tokens than the run carries
 };
 
 struct FfnRun {
@@ -79,7 +82,9 @@ struct FfnRun {
     o.deterministic = c.deterministic;
     if (c.gemm_config) o.gemm_config = c.gemm_config;
     if (c.gemm2_config) o.gemm2_config = c.gemm2_config;
-    plan = loom::plan(shape, Routing{}, o);
+    Shape planned = shape;
+    planned.tokens = std::max(c.tokens, c.plan_tokens);
+    plan = loom::plan(planned, Routing{}, o);
     ws = DeviceBuffer(workspace_bytes(plan));
     test::fill(ws.get(), 0xff, ws.bytes());  // a run depends on no workspace contents
   }
@@ -215,7 +220,9 @@ void check_case(const FfnCase& c, uint64_t seed) {
                                   << " k=" << c.topk << " " << c.dist
                                   << (c.deterministic ? " deterministic" : " fast") << (c.from_logits ? " logits" : " ids")
                                   << (c.gemm_config ? " GEMM 1 " : "") << (c.gemm_config ? c.gemm_config : "")
-                                  << (c.gemm2_config ? " GEMM 2 " : "") << (c.gemm2_config ? c.gemm2_config : ""));
+                                  << (c.gemm2_config ? " GEMM 2 " : "") << (c.gemm2_config ? c.gemm2_config : "")
+                                  << (c.plan_tokens > c.tokens ? " plan for " : "")
+                                  << (c.plan_tokens > c.tokens ? std::to_string(c.plan_tokens) : ""));
   FfnRun r(c, seed);
   check_output(r, to_float(r.run_once()), r.routes.topk, c.gpu_reference);
   const LayerStatus st = read_status(r.plan, r.ws.get(), nullptr);
@@ -255,7 +262,13 @@ TEST(FfnGpu, MatchesCpuReferenceFromDecodeToPrefill) {
                              // (asked for by key; the glue clears h)
                              {1, 2048, 512, 256, 8, "random", false, true, false, "wM.early.s8.red.compact.k2.warm"},
                              {3, 2048, 512, 64, 8, "random", false, true, false, "wM.gather.s8.red.compact.k3.efw"},
-                             {17, 1024, 192, 16, 4, "zipf:1.2", false, false, false, "wM.gather.s8.red.compact.bal.efw"}};
+                             {17, 1024, 192, 16, 4, "zipf:1.2", false, false, false, "wM.gather.s8.red.compact.bal.efw"},
+                             // A run of fewer tokens than its plan's (the PyTorch front plans for a
+                             // power-of-two bucket of T): the workspace's layout is the plan's
+                             {1, 2048, 512, 256, 8, "random", false, true, false, nullptr, nullptr, 16},
+                             {17, 2048, 512, 64, 8, "random", true, true, false, nullptr, nullptr, 32},
+                             {100, 1024, 256, 32, 4, "zipf:1.2", false, false, false, nullptr, nullptr, 128},
+                             {1000, 2048, 512, 64, 8, "random", false, true, false, nullptr, nullptr, 1024}};
   if (!test::sanitizer().empty())  // instrumented: the same paths on narrower layers
     cases = {{1, 512, 256, 16, 2, "random"},
              {17, 512, 256, 16, 2, "random"},
