@@ -230,3 +230,15 @@ def test_edge_cases_zero_tokens_bad_ids_misaligned_views_and_bf16_weights():
         run(dict(layer, hidden=odd), topk=2)
     with pytest.raises(ValueError, match="issue 47"):
         run(dict(layer, w13=torch.zeros(8, 256, 512, dtype=torch.bfloat16, device="cuda")), topk=2)
+
+
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="GPU test skipped: needs two GPUs")
+def test_tensors_on_the_second_gpu_run_there_whatever_the_current_device():
+    torch.cuda.set_device(0)
+    layer = {n: t.to("cuda:1") for n, t in make_layer(40, 512, 128, 16, seed=21).items()}
+    out = run(layer, topk=4, deterministic=True)
+    assert out.device == torch.device("cuda:1")
+    want, _, _ = reference(layer, 4)
+    overall, row = rel_errors(out, want)
+    assert overall <= FFN_TOL and row <= FFN_ROW_TOL, (overall, row)
+    assert torch.cuda.current_device() == 0
