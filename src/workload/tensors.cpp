@@ -22,7 +22,8 @@ double log_uniform(Rng& r, double lo, double hi) { return std::exp(r.uniform(std
 // took another block's scale would be off by up to 4x there, not by the 1e-4 that the maxima of
 // equal uniform blocks differ by). Two 24-bit uniforms per 64-bit draw keep this near memory speed.
 template <class Out, class Convert>
-void fill_expert(Out* out, int64_t rows, int64_t cols, uint64_t seed, Stream matrix, int64_t expert, Convert convert) {
+void fill_expert(Out* out, int64_t rows, int64_t cols, uint64_t seed, Stream matrix, int64_t expert, WeightValues values,
+                 Convert convert) {
   Rng r(seed, stream_id(matrix, uint64_t(expert)));
   const float a = float(log_uniform(r, 0.25, 4.0) / std::sqrt(double(cols)));
   constexpr int64_t kBlock = 128;
@@ -30,12 +31,18 @@ void fill_expert(Out* out, int64_t rows, int64_t cols, uint64_t seed, Stream mat
   std::vector<float> block_scale(static_cast<size_t>(row_blocks * col_blocks));
   for (float& f : block_scale) f = a * float(log_uniform(r, 0.5, 2.0));
   // cols is even (a multiple of 16), so a pair never spans two rows or two column blocks.
+  Normal normal(r);
   for (int64_t row = 0; row < rows; ++row) {
     const float* f = block_scale.data() + (row / kBlock) * col_blocks;
     Out* o = out + row * cols;
     for (int64_t c = 0; c < cols; c += 2) {
-      const uint64_t bits = r.next();
       const float m = f[c / kBlock];
+      if (values == WeightValues::normal) {  // N(0, 1/4): a block's maximum lands near its magnitude too
+        o[c] = convert(m * 0.5f * float(normal()));
+        o[c + 1] = convert(m * 0.5f * float(normal()));
+        continue;
+      }
+      const uint64_t bits = r.next();
       o[c] = convert(m * signed_unit24(uint32_t(bits)));
       o[c + 1] = convert(m * signed_unit24(uint32_t(bits >> 32)));
     }
@@ -45,7 +52,7 @@ void fill_expert(Out* out, int64_t rows, int64_t cols, uint64_t seed, Stream mat
 // fp8: generate one expert at a time into a per-thread fp32 buffer and quantise it, so the fp32
 // weights of all experts never exist at once.
 void make_fp8(int64_t experts, int64_t rows, int64_t cols, int64_t segment_rows, uint64_t seed, Stream matrix,
-              std::vector<uint8_t>& q, std::vector<float>& scales) {
+              WeightValues values, std::vector<uint8_t>& q, std::vector<float>& scales) {
   const int64_t per_expert = rows * cols;
   const int64_t scales_per_expert = weight_row_blocks(rows, segment_rows) * quant_blocks(cols);
   q.assign(size_t(experts * per_expert), 0);
@@ -53,19 +60,21 @@ void make_fp8(int64_t experts, int64_t rows, int64_t cols, int64_t segment_rows,
   parallel_for(experts, [&](int64_t begin, int64_t end) {
     std::vector<float> w(static_cast<size_t>(per_expert));
     for (int64_t e = begin; e < end; ++e) {
-      fill_expert(w.data(), rows, cols, seed, matrix, e, [](float x) { return x; });
+      fill_expert(w.data(), rows, cols, seed, matrix, e, values, [](float x) { return x; });
       quantize_128x128_ref(w.data(), rows, cols, segment_rows, q.data() + e * per_expert,
                            scales.data() + e * scales_per_expert);
     }
   });
 }
 
-void make_bf16(int64_t experts, int64_t rows, int64_t cols, uint64_t seed, Stream matrix, std::vector<bf16>& w) {
+void make_bf16(int64_t experts, int64_t rows, int64_t cols, uint64_t seed, Stream matrix, WeightValues values,
+               std::vector<bf16>& w) {
   const int64_t per_expert = rows * cols;
   w.resize(size_t(experts * per_expert));
   parallel_for(experts, [&](int64_t begin, int64_t end) {
     for (int64_t e = begin; e < end; ++e)
-      fill_expert(w.data() + e * per_expert, rows, cols, seed, matrix, e, [](float x) { return float_to_bf16(x); });
+      fill_expert(w.data() + e * per_expert, rows, cols, seed, matrix, e, values,
+                  [](float x) { return float_to_bf16(x); });
   });
 }
 
@@ -91,7 +100,7 @@ std::vector<bf16> make_hidden(const Shape& shape, uint64_t seed) {
   return h;
 }
 
-LayerWeights make_weights(const Shape& shape, uint64_t seed) {
+LayerWeights make_weights(const Shape& shape, uint64_t seed, WeightValues values) {
   validate(shape);
   const int64_t E = shape.experts, H = shape.hidden, I = shape.inter;
   LayerWeights lw;
@@ -100,18 +109,18 @@ LayerWeights make_weights(const Shape& shape, uint64_t seed) {
   if (shape.mode == Mode::single) {
     // w1 [E, N=inter, K=hidden]
     if (fp8)
-      make_fp8(E, I, H, I, seed, Stream::w1, lw.w1_q, lw.w1_scales);
+      make_fp8(E, I, H, I, seed, Stream::w1, values, lw.w1_q, lw.w1_scales);
     else
-      make_bf16(E, I, H, seed, Stream::w1, lw.w1);
+      make_bf16(E, I, H, seed, Stream::w1, values, lw.w1);
     return lw;
   }
   // w13 [E, 2I, H] with gate and up quantised as separate row segments; w2 [E, H, I].
   if (fp8) {
-    make_fp8(E, 2 * I, H, I, seed, Stream::w1, lw.w1_q, lw.w1_scales);
-    make_fp8(E, H, I, H, seed, Stream::w2, lw.w2_q, lw.w2_scales);
+    make_fp8(E, 2 * I, H, I, seed, Stream::w1, values, lw.w1_q, lw.w1_scales);
+    make_fp8(E, H, I, H, seed, Stream::w2, values, lw.w2_q, lw.w2_scales);
   } else {
-    make_bf16(E, 2 * I, H, seed, Stream::w1, lw.w1);
-    make_bf16(E, H, I, seed, Stream::w2, lw.w2);
+    make_bf16(E, 2 * I, H, seed, Stream::w1, values, lw.w1);
+    make_bf16(E, H, I, seed, Stream::w2, values, lw.w2);
   }
   return lw;
 }

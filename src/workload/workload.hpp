@@ -61,9 +61,11 @@ void route_from_logits(const Shape& shape, const Routing& routing, uint64_t seed
 // hidden [T, H] bf16, random normal with a per-token magnitude.
 std::vector<bf16> make_hidden(const Shape& shape, uint64_t seed);
 
-// Expert weights for the shape's mode and dtype, random with a per-expert magnitude, quantised
-// by quantize_128x128_ref for fp8.
-LayerWeights make_weights(const Shape& shape, uint64_t seed);
+// Expert weights for the shape's mode and dtype, random with a per-expert magnitude and a factor
+// per 128x128 block, quantised by quantize_128x128_ref for fp8. Values uniform in the block's
+// range, or normal (heavier tails: most codes far below the block's maximum, as trained weights).
+enum class WeightValues { uniform, normal };
+LayerWeights make_weights(const Shape& shape, uint64_t seed, WeightValues values = WeightValues::uniform);
 
 // Realised per-expert counts of a routing, [E].
 std::vector<int32_t> expert_counts(const TopK& topk, int64_t experts);

@@ -48,6 +48,7 @@ struct FfnCase {
   const char* gemm_config = nullptr;   // GEMM 1's config (Options::gemm_config), else the chooser's
   const char* gemm2_config = nullptr;  // GEMM 2's (Options::gemm2_config)
   int64_t plan_tokens = 0;  // > tokens: the plan (and workspace) for more tokens than the run carries
+  bool normal_weights = false;  // normal weight values (heavy tails, as trained weights) instead of uniform
 };
 
 struct FfnRun {
@@ -62,7 +63,7 @@ struct FfnRun {
 
   FfnRun(const FfnCase& c, uint64_t seed) : deterministic(c.deterministic) {
     shape = Shape{c.tokens, c.hidden, c.inter, c.experts, c.topk, Mode::ffn, DType::fp8};
-    weights = make_weights(shape, seed);
+    weights = make_weights(shape, seed, c.normal_weights ? WeightValues::normal : WeightValues::uniform);
     routes = make_routes(shape, Routing{}, parse_distribution(c.dist), seed + 1);
     hidden = make_hidden(shape, seed + 2);
     w1 = DeviceBuffer::from(weights.w1_q);
@@ -222,7 +223,8 @@ void check_case(const FfnCase& c, uint64_t seed) {
                                   << (c.gemm_config ? " GEMM 1 " : "") << (c.gemm_config ? c.gemm_config : "")
                                   << (c.gemm2_config ? " GEMM 2 " : "") << (c.gemm2_config ? c.gemm2_config : "")
                                   << (c.plan_tokens > c.tokens ? " plan for " : "")
-                                  << (c.plan_tokens > c.tokens ? std::to_string(c.plan_tokens) : ""));
+                                  << (c.plan_tokens > c.tokens ? std::to_string(c.plan_tokens) : "")
+                                  << (c.normal_weights ? " normal weights" : ""));
   FfnRun r(c, seed);
   check_output(r, to_float(r.run_once()), r.routes.topk, c.gpu_reference);
   const LayerStatus st = read_status(r.plan, r.ws.get(), nullptr);
@@ -268,7 +270,11 @@ TEST(FfnGpu, MatchesCpuReferenceFromDecodeToPrefill) {
                              {1, 2048, 512, 256, 8, "random", false, true, false, nullptr, nullptr, 16},
                              {17, 2048, 512, 64, 8, "random", true, true, false, nullptr, nullptr, 32},
                              {100, 1024, 256, 32, 4, "zipf:1.2", false, false, false, nullptr, nullptr, 128},
-                             {1000, 2048, 512, 64, 8, "random", false, true, false, nullptr, nullptr, 1024}};
+                             {1000, 2048, 512, 64, 8, "random", false, true, false, nullptr, nullptr, 1024},
+                             // Normal weight values (the PyTorch tests' Gaussian weights were 1-2e-2 off)
+                             {1, 2048, 512, 256, 8, "random", false, true, false, nullptr, nullptr, 0, true},
+                             {128, 2048, 512, 256, 8, "random", false, true, false, nullptr, nullptr, 0, true},
+                             {300, 512, 320, 8, 2, "concentrated", true, false, false, nullptr, nullptr, 0, true}};
   if (!test::sanitizer().empty())  // instrumented: the same paths on narrower layers
     cases = {{1, 512, 256, 16, 2, "random"},
              {17, 512, 256, 16, 2, "random"},

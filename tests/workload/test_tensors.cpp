@@ -230,5 +230,22 @@ TEST(WorkloadWeights, DeterministicAndPrefixStable) {
   }
 }
 
+// Normal weight values: heavy tails, so far fewer codes in a block's top half than uniform values
+// give (uniform: about half; normal at sigma = max/8.4: a few per cent).
+TEST(WorkloadWeights, NormalValuesHaveHeavierTails) {
+  LOOM_FRESH_SEED();
+  const Shape s = make_shape(0, 512, 256, 4, 2, Mode::single, DType::fp8);
+  auto top_half_share = [](const LayerWeights& w) {
+    int64_t top = 0;
+    for (const uint8_t q : w.w1_q) top += (q & 0x7f) >= 0x76;  // |code| >= 224 = 448 / 2
+    return double(top) / double(w.w1_q.size());
+  };
+  const double uniform = top_half_share(make_weights(s, seed));
+  const double normal = top_half_share(make_weights(s, seed, WeightValues::normal));
+  EXPECT_GT(uniform, 0.35);
+  EXPECT_LT(normal, 0.15);
+  EXPECT_GT(normal, 0.0);
+}
+
 }  // namespace
 }  // namespace loom
