@@ -388,7 +388,7 @@ std::vector<Record> run_bench(const BenchOptions& opt, std::ostream& log) {
   if (dev) timer = std::make_unique<GpuTimer>(*dev);
 
   log << "generating weights (" << describe(opt.shape) << ", seed " << opt.seed << ")\n";
-  const LayerWeights weights = make_weights(opt.shape, opt.seed);
+  const LayerWeights weights = make_weights(opt.shape, opt.seed, opt.weight_values);
   DeviceWeights device_weights(weights);
 
   std::vector<Record> records;
@@ -400,6 +400,7 @@ std::vector<Record> run_bench(const BenchOptions& opt, std::ostream& log) {
     r.shape = s;
     r.routing = opt.routing;
     r.distribution = to_string(opt.dist);
+    if (opt.weight_values == WeightValues::normal) r.distribution += ", normal weights";  // the record says which data
     r.seed = opt.seed;
     r.commit = build_commit();
     r.device = dev;

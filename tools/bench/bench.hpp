@@ -22,6 +22,7 @@ struct BenchOptions {
   std::vector<int64_t> tokens;  // one record per entry
   Distribution dist;
   bool dist_logits = false;  // a distribution of ids runs from router logits that route to them
+  WeightValues weight_values = WeightValues::uniform;
   uint64_t seed = 1;
   TimerOptions timer;
   bool measure_sol = true;

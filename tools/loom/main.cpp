@@ -52,6 +52,7 @@ bench options:
   --gemm-config KEY      run every batch on this GEMM config (a key `loom info` lists, e.g.
                          tM.tall.s4.bulk.dyn) instead of the chooser's (ffn: GEMM 1's)
   --gemm2-config KEY     ffn: GEMM 2's config (wM.sorted... or tM.<tall|wide>.sorted...)
+  --weights uniform|normal  the expert weights' values (default uniform; normal has heavier tails)
   --dist-logits          run a distribution of ids (balanced, zipf, hot, ...) from router logits
                          whose softmax top-k are those ids, through the routing kernel
   --no-check             skip the comparison of the GPU output with the CPU reference
@@ -123,7 +124,7 @@ std::vector<std::string> rest(int argc, char** argv) { return std::vector<std::s
 int cmd_bench(int argc, char** argv) {
   std::set<std::string> valued = kWorkloadFlags;
   valued.insert({"reps", "warmup", "json", "csv", "max-copies", "max-cpu-gflop", "trace-chain", "gemm-config",
-                 "gemm2-config"});
+                 "gemm2-config", "weights"});
   const Args a(rest(argc, argv), valued,
                {"no-renorm", "sweep", "no-sol", "deterministic", "no-pdl", "eager", "no-check", "no-fuse", "no-bins",
                 "dist-logits"});
@@ -135,6 +136,9 @@ int cmd_bench(int argc, char** argv) {
   opt.tokens = w.tokens;
   opt.dist = w.dist;
   opt.dist_logits = a.has("dist-logits");
+  const std::string values = a.str("weights", "uniform");
+  if (values != "uniform" && values != "normal") throw Error("--weights must be uniform or normal, got '" + values + "'");
+  opt.weight_values = values == "normal" ? loom::WeightValues::normal : loom::WeightValues::uniform;
   opt.seed = w.seed;
   opt.timer.reps = int(a.integer("reps", 500));
   opt.timer.warmup = int(a.integer("warmup", 20));
