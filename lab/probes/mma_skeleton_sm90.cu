@@ -27,6 +27,7 @@ constexpr uint32_t kOperandByte = 0x30;    // e4m3 0.5: block sums stay small an
 // One variant of the loop (the kernel's template argument).
 struct Variant {
   int consumers;   // consumer warpgroups of 64 rows (2 or 3)
+  bool bf16;       // bf16 operands (m64n128k16, four per 64-element K block, no promotion)
   bool reg_a;      // A from registers (regrouped per block, as gemm_fp8_regs) or from shared memory
   bool wide;       // two n128 accumulators per block (an n256 tile), no promotion
   bool promote;    // final += block * per-row scale after each block
@@ -37,8 +38,9 @@ struct Variant {
                    // flight at the loop's back edge)
 };
 
-template <int kConsumers, bool RegA, bool kWide, bool kPromote, int kChunk>
+template <int kConsumers, bool RegA, bool kWide, bool kPromote, int kChunk, bool Bf16 = false>
 struct Config {
+  static_assert(!Bf16 || !kPromote, "bf16: no promotion");
   static_assert(kConsumers == 2 || kConsumers == 3, "two or three consumer warpgroups");
   static_assert(!(kWide && (kPromote || kChunk)), "an n256 tile leaves no registers for a second accumulator");
   static_assert(!kChunk || kPromote, "the reordered loops exist for the promotion");
@@ -50,6 +52,8 @@ struct Config {
   static_assert(128 * kProducerRegs + 128 * kConsumers * kConsumerRegs <= 65536, "the SM's registers");
   static constexpr int kMmas = kWide ? 8 : 4;
   static constexpr bool kRegA = RegA;
+  static constexpr bool kBf16 = Bf16;
+  static_assert(!(kRegA && kBf16), "A from registers is the e4m3 form only");
 };
 
 struct alignas(1024) Smem {
@@ -78,6 +82,8 @@ __device__ __forceinline__ void issue(float (&acc)[64], float (&acc2)[64], const
     for (int j = 0; j < 4; ++j) {
       if constexpr (C::kRegA)
         ptx::WgmmaE4M3RegA128::mma(d, frag[j], desc_b + 2 * j, j > 0 ? 1 : 0);
+      else if constexpr (C::kBf16)  // a stage's 128-byte rows hold 64 bf16 of K: four k16 steps
+        ptx::WgmmaBf16<128>::mma(d, desc_a + 2 * j, desc_b + 2 * j, j > 0 ? 1 : 0);
       else
         ptx::WgmmaE4M3<128>::mma(d, desc_a + 2 * j, desc_b + 2 * j, j > 0 ? 1 : 0);
     }
@@ -120,10 +126,10 @@ __device__ __forceinline__ void free_stage(Smem& s, const Stage& st) {
   if (threadIdx.x % 32 == 0) ptx::mbar_arrive(&s.empty[st.stage]);
 }
 
-template <int kConsumers, bool kRegA, bool kWide, bool kPromote, int kChunk>
-__global__ void __launch_bounds__(Config<kConsumers, kRegA, kWide, kPromote, kChunk>::kThreads, 1)
+template <int kConsumers, bool kRegA, bool kWide, bool kPromote, int kChunk, bool kBf16>
+__global__ void __launch_bounds__(Config<kConsumers, kRegA, kWide, kPromote, kChunk, kBf16>::kThreads, 1)
     skeleton_kernel(int kblocks, unsigned long long* cycles, float* sink) {
-  using C = Config<kConsumers, kRegA, kWide, kPromote, kChunk>;
+  using C = Config<kConsumers, kRegA, kWide, kPromote, kChunk, kBf16>;
   extern __shared__ uint8_t smem_raw[];
   const uint32_t pad = (1024u - uint32_t(reinterpret_cast<uintptr_t>(smem_raw) % 1024u)) % 1024u;
   Smem& s = *reinterpret_cast<Smem*>(smem_raw + pad);
@@ -327,16 +333,16 @@ struct Row {
   int threads;
 };
 
-template <int kConsumers, bool kRegA, bool kWide, bool kPromote, int kChunk>
+template <int kConsumers, bool kRegA, bool kWide, bool kPromote, int kChunk, bool kBf16 = false>
 Row row(const char* name) {
-  using C = Config<kConsumers, kRegA, kWide, kPromote, kChunk>;
-  return Row{name, Variant{kConsumers, kRegA, kWide, kPromote, kChunk}, 0,
-             skeleton_kernel<kConsumers, kRegA, kWide, kPromote, kChunk>, C::kThreads};
+  using C = Config<kConsumers, kRegA, kWide, kPromote, kChunk, kBf16>;
+  return Row{name, Variant{kConsumers, kBf16, kRegA, kWide, kPromote, kChunk}, 0,
+             skeleton_kernel<kConsumers, kRegA, kWide, kPromote, kChunk, kBf16>, C::kThreads};
 }
 
 template <int W, int kGroups, bool kPipelined>
 Row tokens_row(const char* name) {
-  return Row{name, Variant{2, false, false, true, kPipelined ? 2 : 0}, W,
+  return Row{name, Variant{2, false, false, false, true, kPipelined ? 2 : 0}, W,
              skeleton_tokens_kernel<W, kGroups, kPipelined>, 384};
 }
 
@@ -356,6 +362,9 @@ std::string run_skeleton(const SkeletonOptions& opt, std::ostream& log) {
       row<3, false, false, true, 0>("A smem, 3 wg, n128, promote"),
       row<2, false, false, true, 2>("A smem, 2 wg, n128, promote, pipelined by 2"),
       row<2, false, false, true, 4>("A smem, 2 wg, n128, promote, pipelined by 4"),
+      row<2, false, false, false, 0, true>("bf16, A smem, 2 wg, n128 (64-element K blocks)"),
+      row<2, false, true, false, 0, true>("bf16, A smem, 2 wg, n256 (64-element K blocks)"),
+      row<3, false, false, false, 0, true>("bf16, A smem, 3 wg, n128 (64-element K blocks)"),
       tokens_row<48, 1, false>("tokens on N: n48, promote by column"),
       tokens_row<64, 1, false>("tokens on N: n64, promote by column"),
       tokens_row<80, 1, false>("tokens on N: n80, promote by column"),
@@ -389,7 +398,8 @@ std::string run_skeleton(const SkeletonOptions& opt, std::ostream& log) {
     std::sort(per_block.begin(), per_block.end());
     std::sort(micros.begin(), micros.end());
     const double cyc = per_block[per_block.size() / 2];
-    // Per K block of every warpgroup: an m64nNk32 takes N / 2 cycles (64 for n128).
+    // Per K block of every warpgroup: an m64nNk32 e4m3 takes N / 2 cycles (64 for n128), and so
+    // does an m64nNk16 bf16 (half the multiply-adds per cycle, half the K).
     const double mma_cycles = r.width ? 4.0 * (r.width / 2) * 2 : 64.0 * (r.v.wide ? 8 : 4) * r.v.consumers;
     std::snprintf(line, sizeof line, "  %-46s %12.0f %9.1f%% %10.1f\n", r.name, cyc, 100.0 * mma_cycles / cyc,
                   micros[micros.size() / 2]);

@@ -1,7 +1,7 @@
 // `loom skeleton`: the K-block loop of a block-scaled FP8 GEMM with every global access taken out,
 // to measure what the loop's own synchronisation and promotion let the tensor pipe do.
 //
-// One CTA per SM runs `kblocks` 128-wide K blocks per consumer warpgroup over a ring of 4 stages
+// One CTA per SM runs `kblocks` 128-byte-wide K blocks (128 e4m3, or 64 bf16) per consumer warpgroup over a ring of 4 stages
 // (a producer thread cycles the stages' full / empty mbarriers as the real kernels' TMA producer
 // does, without copying anything). Per K block a consumer warpgroup waits for its stage, issues
 // its four wgmma m64n128k32 (A from registers, regrouped as gemm_fp8_regs does, or from shared
@@ -10,7 +10,8 @@
 // warpgroups, an n256 tile, the next block's operands before the promotion, and two block
 // accumulators with the next block's MMAs issued before the wait; and tokens on the MMA's N side
 // (weights on M, the resident-rows GEMM's orientation) at widths 48-80, promoted by column, with
-// one or four weight blocks per K block (run_skeleton lists them).
+// one or four weight blocks per K block; and bf16 operands (m64n128k16 from shared memory, four per
+// 64-element K block, no promotion: the BF16 layer's loop) (run_skeleton lists them).
 // Operands are fixed tiles: the figure is the loop, not the data.
 //
 // Reported per variant: SM cycles per K block per warpgroup (tokens on N: per weight tile, one

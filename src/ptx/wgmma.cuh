@@ -155,6 +155,26 @@ struct WgmmaE4M3<128> {
   }
 };
 
+// D[64 x N] (+)= A[64 x 16] * B[N x 16]^T, bf16 inputs, fp32 accumulators, both operands K-major
+// in shared memory (no transposes); along K a k16 step is 32 bytes, as an e4m3 k32 step. The
+// accumulator layout is WgmmaE4M3's.
+template <int N>
+struct WgmmaBf16;
+
+template <>
+struct WgmmaBf16<128> {
+  static constexpr int kRegs = 64;
+  __device__ __forceinline__ static void mma(float (&d)[64], uint64_t desc_a, uint64_t desc_b, int scale_d) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {"
+        LOOM_WGMMA_ACC64_OPERANDS
+        "}, %64, %65, p, 1, 1, 0, 0;\n}\n"
+                 : LOOM_WGMMA_ACC64_OUTPUTS(d)
+                 : "l"(desc_a), "l"(desc_b), "r"(scale_d));
+  }
+};
+
 // D[64 x 128] (+)= A[64 x 32] * B[128 x 32]^T with A from registers (e4m3, four .b32 per thread:
 // a[0] row 16w+g bytes 4q..4q+3 of the k32 step, a[1] row 16w+g+8 same bytes, a[2] row 16w+g bytes
 // 16+4q..16+4q+3, a[3] row 16w+g+8 same) and B K-major in shared memory. The A registers must not
