@@ -23,8 +23,12 @@ namespace {
 
 thread_local std::string last_error;
 
-loom_status_code fail(loom_status_code code, const char* what) {
-  last_error = what;
+loom_status_code fail(loom_status_code code, const char* what) noexcept {
+  try {
+    last_error = what;
+  } catch (...) {  // no memory for the message: the code still says what failed
+    last_error.clear();
+  }
   return code;
 }
 
