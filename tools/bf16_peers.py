@@ -14,9 +14,10 @@ Needs a GPU (sm_90) and torch; the preset h200-bf16's shape by default."""
 
 import argparse
 import json
-import statistics
 
 import torch
+
+from graph_timing import graph_median_us
 
 
 def routes(T, E, k, gen):
@@ -25,26 +26,6 @@ def routes(T, E, k, gen):
     ids = scores.topk(k, dim=1).indices
     counts = torch.bincount(ids.flatten(), minlength=E)
     return counts
-
-
-def time_graph_us(fn, reps):
-    fn()
-    torch.cuda.synchronize()
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        fn()
-    for _ in range(5):
-        g.replay()
-    starts = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
-    ends = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
-    for b in range(0, reps, 32):
-        torch.cuda._sleep(2_000_000)
-        for r in range(b, min(reps, b + 32)):
-            starts[r].record()
-            g.replay()
-            ends[r].record()
-    torch.cuda.synchronize()
-    return statistics.median(s.elapsed_time(e) * 1e3 for s, e in zip(starts, ends))
 
 
 def main():
@@ -98,10 +79,10 @@ def main():
         tf = lambda us: flops / (us * 1e6)  # noqa: E731
         row = dict(tokens=T, routed_rows=R, flops=flops)
         try:
-            row["grouped_mm_us"] = time_graph_us(grouped, args.reps)
+            row["grouped_mm_us"] = graph_median_us(grouped, args.reps, warmup=5)
         except (RuntimeError, AttributeError) as e:  # an older torch, or a shape it refuses
             row["grouped_mm_error"] = str(e).splitlines()[0]
-        row["cublas_per_expert_us"] = time_graph_us(per_expert, args.reps)
+        row["cublas_per_expert_us"] = graph_median_us(per_expert, args.reps, warmup=5)
         if T in loom_rows:
             row["loom_e2e_us"], row["loom_gemm_us"] = loom_rows[T]
         rows.append(row)

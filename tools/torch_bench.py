@@ -20,6 +20,7 @@ import time
 import torch
 
 import loom
+from graph_timing import graph_median_us
 from loom import _ops
 
 
@@ -34,27 +35,6 @@ def layer(T, H, I, E):
 def call(a, k):
     return loom.fused_moe(a["hidden"], a["w13"], a["w2"], w13_scale=a["w13_scale"], w2_scale=a["w2_scale"],
                           router_logits=a["router_logits"], topk=k)
-
-
-def graph_median_us(a, k, reps):
-    call(a, k)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        call(a, k)
-    for _ in range(20):
-        g.replay()
-    # As `loom bench` times: batches of 32 replays queued behind a spin kernel, so the GPU never
-    # waits for the host inside a timed replay (the launch latency is not measured).
-    starts = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
-    ends = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
-    for b in range(0, reps, 32):
-        torch.cuda._sleep(2_000_000)
-        for r in range(b, min(reps, b + 32)):
-            starts[r].record()
-            g.replay()
-            ends[r].record()
-    torch.cuda.synchronize()
-    return statistics.median(s.elapsed_time(e) * 1e3 for s, e in zip(starts, ends))
 
 
 def host_us(fn, bursts=30, per_burst=20):
@@ -108,7 +88,7 @@ def main():
     print(f"{'T':>6} {'torch graph':>12} {'loom bench':>11} {'ratio':>7} {'host op':>9} {'host C ABI':>11} {'added':>7}")
     for T in tokens:
         a = layer(T, H, I, E)
-        g = graph_median_us(a, k, args.reps)
+        g = graph_median_us(lambda: call(a, k), args.reps)
         rec = [r for r in bench if r["shape"]["tokens"] == T]
         warm = rec[0]["timings"]["e2e"]["warm"]["median_us"] if rec else float("nan")
         op = host_us(lambda: call(a, k))
