@@ -3,9 +3,9 @@
 
 - graph: loom.fused_moe captured in a torch.cuda.CUDAGraph, replayed; median of CUDA-event timed
   replays (warm L2), next to `loom bench`'s warm e2e median for the same shape (its JSON);
-- host: microseconds of host time per eager call of loom.fused_moe, and per call of the C ABI's
-  loom_run through ctypes on the same plan (the C++ run() plus ctypes' own cost), each averaged
-  over bursts short enough that the GPU queue never blocks the host.
+- host: median microseconds of host time of one eager call of loom.fused_moe, and of one call of
+  the C ABI's loom_run through ctypes on the same plan (the C++ run() plus ctypes' own cost),
+  interleaved, each starting on an idle GPU.
 
     python3 tools/torch_bench.py --loom build/tools/loom --tokens 1,128,2048 [--json out.json]
 Needs a GPU, torch and the package (PYTHONPATH=python and LOOM_LIBRARY, or an installed loom)."""
@@ -37,16 +37,18 @@ def call(a, k):
                           router_logits=a["router_logits"], topk=k)
 
 
-def host_us(fn, bursts=30, per_burst=20):
-    per_call = []
-    for _ in range(bursts):
-        torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        for _ in range(per_burst):
+def host_us(fns, reps=400):
+    """Median host microseconds of one call of each fn, the calls interleaved; the GPU is idle at every
+    call's start (a synchronisation before it, outside the timing), so no queue backlog counts."""
+    times = [[] for _ in fns]
+    for _ in range(reps):
+        for fn, t in zip(fns, times):
+            torch.cuda.synchronize()
+            t0 = time.perf_counter()
             fn()
-        per_call.append((time.perf_counter() - t0) / per_burst * 1e6)
+            t.append((time.perf_counter() - t0) * 1e6)
     torch.cuda.synchronize()
-    return statistics.median(per_call)
+    return [statistics.median(t) for t in times]
 
 
 def direct_run(a, k):
@@ -91,8 +93,8 @@ def main():
         g = graph_median_us(lambda: call(a, k), args.reps)
         rec = [r for r in bench if r["shape"]["tokens"] == T]
         warm = rec[0]["timings"]["e2e"]["warm"]["median_us"] if rec else float("nan")
-        op = host_us(lambda: call(a, k))
-        direct = host_us(direct_run(a, k))
+        call(a, k)  # the plan and workspace exist before timing
+        op, direct = host_us([lambda: call(a, k), direct_run(a, k)])
         rows.append(dict(tokens=T, graph_us=g, bench_warm_us=warm, host_op_us=op, host_c_abi_us=direct))
         print(f"{T:>6} {g:>12.1f} {warm:>11.1f} {g / warm:>7.3f} {op:>9.1f} {direct:>11.1f} {op - direct:>7.1f}")
     if args.json:

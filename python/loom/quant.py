@@ -27,7 +27,11 @@ def _quantize_blocks(x: torch.Tensor, row_block: int) -> tuple[torch.Tensor, tor
     blocks = padded.view(E, rb, row_block, cb, BLOCK)
     # NaN elements are ignored by amax (docs/numerics.md); padding zeros never raise it.
     amax = torch.nan_to_num(blocks.abs(), nan=0.0).amax(dim=(2, 4))
-    scale = amax.clamp_min(1e-10) / FP8_MAX
+    # Both divisions must be IEEE fp32 divisions (docs/numerics.md). On CUDA, torch divides by a
+    # Python scalar as a multiplication by its rounded reciprocal, an ulp off at times, which moves
+    # E4M3 ties: the scale is divided in float64 and rounded once (exact: 53 >= 2*24 + 2 bits), and
+    # the codes divide tensor by tensor (test_gpu checks CUDA's codes against the CPU's).
+    scale = (amax.clamp_min(1e-10).double() / FP8_MAX).float()
     q = (blocks / scale[:, :, None, :, None]).clamp(-FP8_MAX, FP8_MAX)
     codes = q.view(E, rb * row_block, cb * BLOCK)[:, :R, :C].to(torch.float8_e4m3fn)
     return codes.contiguous(), scale.contiguous()

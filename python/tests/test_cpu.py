@@ -140,6 +140,17 @@ def test_quantised_weights_follow_the_block_rules():
     assert torch.equal(loom.make_w13(w[:, :I], w[:, I:]), w)
 
 
+def test_quantisation_divides_as_ieee_and_ties_go_to_even():
+    # amax 2.625: the scale is exactly 3/512, so 0.26953125 / scale is exactly 46, the midpoint of the
+    # E4M3 values 44 and 48, and goes to the even code (48). A scale an ulp high (a multiplication by
+    # the rounded 1/448) would give 45.999996 and code 44.
+    x = torch.zeros(1, 128, dtype=torch.bfloat16)
+    x[0, 0], x[0, 1], x[0, 2] = 2.625, 0.26953125, -1.453125  # -1.453125 / scale = -248: ties to -256
+    codes, scales = loom.quantize_activations_fp8(x)
+    assert scales.item() == 3 / 512
+    assert codes[0, :3].float().tolist() == [448.0, 48.0, -256.0]
+
+
 def test_reference_routing_ranks_as_loom_does():
     logits = torch.tensor([[1.0, 3.0, 3.0, float("nan"), -float("inf"), 2.0]])
     ids, weights = route(logits, 4, renormalize=False)

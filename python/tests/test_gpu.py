@@ -114,6 +114,19 @@ def test_bf16_logits_are_widened():
     assert torch.equal(a, b)
 
 
+def test_quantisation_on_the_gpu_equals_the_cpu_bit_for_bit():
+    # The reference's codes must not depend on the device it runs on (torch's CUDA division by a
+    # scalar is not IEEE; loom.quant avoids it).
+    gen = torch.Generator(device="cuda").manual_seed(11)
+    x = torch.randn(512, 1024, generator=gen, device="cuda").to(torch.bfloat16)
+    bits = lambda t: t.cpu().view(torch.uint8) if t.dtype == torch.float8_e4m3fn else t.cpu()  # noqa: E731
+    for got, want in zip(loom.quantize_activations_fp8(x), loom.quantize_activations_fp8(x.cpu())):
+        assert torch.equal(bits(got), bits(want))
+    w = torch.randn(4, 384, 640, generator=gen, device="cuda")
+    for got, want in zip(loom.quantize_weights_fp8(w, segments=2), loom.quantize_weights_fp8(w.cpu(), segments=2)):
+        assert torch.equal(bits(got), bits(want))
+
+
 def test_single_mode_matches_the_reference():
     T, H, N, E, k = 40, 1024, 512, 32, 4
     gen = torch.Generator().manual_seed(2)
