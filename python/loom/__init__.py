@@ -10,6 +10,7 @@ graph capture. docs/api.md describes layouts, streams, devices, capture and erro
 
 from __future__ import annotations
 
+import weakref
 from typing import Optional
 
 import torch
@@ -26,6 +27,7 @@ __all__ = [
 __version__ = "0.1.0"
 
 _FP8 = torch.float8_e4m3fn
+_FFN_WEIGHTS = ("w13", "w2", "w13_scale", "w2_scale")
 
 
 def abi_version() -> int:
@@ -91,6 +93,36 @@ def _routing_args(hidden, experts, router_logits, topk_ids, topk_weights, expert
     return router_logits, topk_ids, topk_weights
 
 
+# Weights validated before, by the identity of their tensors: an eager call checks only that each
+# is the same live object with the same storage pointer and version (in-place writes, resize_,
+# as_strided_ and set_ bump the version), not every property again (~1.6 us of host time each).
+_validated: dict = {}
+
+
+def _weights_stamp(ts: tuple) -> tuple:
+    return tuple((t.data_ptr(), t._version) for t in ts)
+
+
+def _known_weights(ts: tuple, device: torch.device, hidden_width: int):
+    """(dims, pointers) of weights validated before and unchanged since, else None."""
+    hit = _validated.get(tuple(map(id, ts)))
+    if hit is None:
+        return None
+    refs, stamp, dev, width, known = hit
+    if not all(r() is t for r, t in zip(refs, ts)) or dev != device or width != hidden_width:
+        return None
+    return known if _weights_stamp(ts) == stamp else None
+
+
+def _remember_weights(names: tuple, ts: tuple, device: torch.device, hidden_width: int, dims: tuple) -> tuple:
+    ptrs = tuple(_ops.aligned_ptr(n, t) for n, t in zip(names, ts))
+    if len(_validated) > 4096:  # weights that come and go (tests): forget them all now and then
+        _validated.clear()
+    _validated[tuple(map(id, ts))] = (tuple(map(weakref.ref, ts)), _weights_stamp(ts), device, hidden_width,
+                                      (dims, ptrs))
+    return dims, ptrs
+
+
 def _check_hidden(hidden: torch.Tensor) -> None:
     if not isinstance(hidden, torch.Tensor):
         _fail(f"hidden must be a torch.Tensor, got {type(hidden).__name__}", TypeError)
@@ -102,6 +134,25 @@ def _check_hidden(hidden: torch.Tensor) -> None:
         _fail(f"hidden must be on a CUDA device, got {hidden.device}")
     if not hidden.is_contiguous():
         _fail("hidden must be contiguous")
+
+
+def _check_ffn_weights(w13, w2, w13_scale, w2_scale, H: int, dev: torch.device) -> tuple:
+    if not (isinstance(w13, torch.Tensor) and w13.dim() == 3):
+        _fail("w13 must be a [E, 2I, H] tensor", TypeError)
+    E, two_i = w13.shape[0], w13.shape[1]
+    if two_i % 2:
+        _fail(f"w13 must have 2I rows (gate, then up), got {two_i}")
+    inter = two_i // 2
+    if w13.dtype == torch.bfloat16 or (isinstance(w2, torch.Tensor) and w2.dtype == torch.bfloat16):
+        raise ValueError("loom: BF16 weights do not run on the GPU yet (the BF16 layer is issue 47); quantise them "
+                         "with loom.quantize_weights_fp8 (w13: segments=2)")
+    _check_tensor("w13", w13, _FP8, (E, two_i, H), dev)
+    _check_tensor("w2", w2, _FP8, (E, H, inter), dev)
+    if w13_scale is None or w2_scale is None:
+        _fail("FP8 weights need w13_scale and w2_scale")
+    _check_tensor("w13_scale", w13_scale, torch.float32, (E, 2 * _blocks(inter), _blocks(H)), dev)
+    _check_tensor("w2_scale", w2_scale, torch.float32, (E, _blocks(H), _blocks(inter)), dev)
+    return E, inter
 
 
 def fused_moe(hidden: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, *, router_logits: Optional[torch.Tensor] = None,
@@ -125,32 +176,23 @@ def fused_moe(hidden: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, *, rout
     _check_hidden(hidden)
     T, H = hidden.shape
     dev = hidden.device
-    if not (isinstance(w13, torch.Tensor) and w13.dim() == 3):
-        _fail("w13 must be a [E, 2I, H] tensor", TypeError)
-    E, two_i = w13.shape[0], w13.shape[1]
-    if two_i % 2:
-        _fail(f"w13 must have 2I rows (gate, then up), got {two_i}")
-    inter = two_i // 2
-    if w13.dtype == torch.bfloat16 or (isinstance(w2, torch.Tensor) and w2.dtype == torch.bfloat16):
-        raise ValueError("loom: BF16 weights do not run on the GPU yet (the BF16 layer is issue 47); quantise them "
-                         "with loom.quantize_weights_fp8 (w13: segments=2)")
-    _check_tensor("w13", w13, _FP8, (E, two_i, H), dev)
-    _check_tensor("w2", w2, _FP8, (E, H, inter), dev)
-    if w13_scale is None or w2_scale is None:
-        _fail("FP8 weights need w13_scale and w2_scale")
-    _check_tensor("w13_scale", w13_scale, torch.float32, (E, 2 * _blocks(inter), _blocks(H)), dev)
-    _check_tensor("w2_scale", w2_scale, torch.float32, (E, _blocks(H), _blocks(inter)), dev)
+    direct = _ops.eager(hidden)  # first: under torch.compile nothing below may touch ids or pointers
+    weights = (w13, w2, w13_scale, w2_scale)
+    known = _known_weights(weights, dev, H) if direct else None
+    if known is None:
+        dims = _check_ffn_weights(w13, w2, w13_scale, w2_scale, H, dev)
+        known = _remember_weights(_FFN_WEIGHTS, weights, dev, H, dims) if direct else (dims, None)
+    (E, inter), ptrs = known
     router_logits, topk_ids, topk_weights = _routing_args(hidden, E, router_logits, topk_ids, topk_weights,
                                                           expert_bias, topk, scoring, n_group, topk_group)
     args = (hidden, w13, w2, w13_scale, w2_scale, router_logits, topk_ids, topk_weights, expert_bias, topk,
             bool(renormalize), scoring, float(softcap), n_group, topk_group, float(routed_scaling),
             bool(deterministic))
-    direct = _ops.eager(hidden)
     if out is None:
-        return _ops.fused_moe_direct(*args) if direct else torch.ops.loom.fused_moe(*args)
+        return _ops.fused_moe_direct(*args, weight_ptrs=ptrs) if direct else torch.ops.loom.fused_moe(*args)
     _check_tensor("out", out, torch.bfloat16, (T, H), dev)
     if direct:
-        _ops.ffn_into(out, *args)
+        _ops.ffn_into(out, *args, weight_ptrs=ptrs)
     else:
         torch.ops.loom.fused_moe_out(out, *args)
     return out
@@ -167,16 +209,21 @@ def moe_single(hidden: torch.Tensor, w: torch.Tensor, *, w_scale: torch.Tensor,
     _check_hidden(hidden)
     T, H = hidden.shape
     dev = hidden.device
-    if not (isinstance(w, torch.Tensor) and w.dim() == 3):
-        _fail("w must be a [E, N, H] tensor", TypeError)
-    E, N = w.shape[0], w.shape[1]
-    _check_tensor("w", w, _FP8, (E, N, H), dev)
-    _check_tensor("w_scale", w_scale, torch.float32, (E, _blocks(N), _blocks(H)), dev)
+    direct = _ops.eager(hidden)
+    known = _known_weights((w, w_scale), dev, H) if direct else None
+    if known is None:
+        if not (isinstance(w, torch.Tensor) and w.dim() == 3):
+            _fail("w must be a [E, N, H] tensor", TypeError)
+        dims = w.shape[0], w.shape[1]
+        _check_tensor("w", w, _FP8, (*dims, H), dev)
+        _check_tensor("w_scale", w_scale, torch.float32, (dims[0], _blocks(dims[1]), _blocks(H)), dev)
+        known = _remember_weights(("w", "w_scale"), (w, w_scale), dev, H, dims) if direct else (dims, None)
+    (E, N), ptrs = known
     router_logits, topk_ids, topk_weights = _routing_args(hidden, E, router_logits, topk_ids, topk_weights,
                                                           expert_bias, topk, scoring, n_group, topk_group)
     args = (hidden, w, w_scale, router_logits, topk_ids, topk_weights, expert_bias, topk, bool(renormalize), scoring,
             float(softcap), n_group, topk_group, float(routed_scaling), bool(deterministic))
-    return _ops.moe_single_direct(*args) if _ops.eager(hidden) else torch.ops.loom.moe_single(*args)
+    return _ops.moe_single_direct(*args, weight_ptrs=ptrs) if direct else torch.ops.loom.moe_single(*args)
 
 
 def prepare(device, *, max_tokens: int, hidden: int, inter: int, experts: int, topk: int, mode: str = "ffn",

@@ -22,10 +22,7 @@ MIN_BUCKET = 16
 
 
 def bucket(tokens: int) -> int:
-    b = MIN_BUCKET
-    while b < tokens:
-        b *= 2
-    return b
+    return max(MIN_BUCKET, 1 << (tokens - 1).bit_length()) if tokens > 1 else MIN_BUCKET
 
 
 @dataclass
@@ -73,7 +70,7 @@ def _entry(device: torch.device, mode: int, tokens: int, hidden: int, inter: int
     return entry
 
 
-def _aligned_ptr(name: str, t: Optional[torch.Tensor]) -> int:
+def aligned_ptr(name: str, t: Optional[torch.Tensor]) -> int:
     if t is None:
         return 0
     p = t.data_ptr()
@@ -88,6 +85,11 @@ def _aligned_ptr(name: str, t: Optional[torch.Tensor]) -> int:
 _raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
 
 
+# The current device without torch.cuda.current_device()'s lazy-init check (a CUDA tensor exists,
+# so CUDA is initialised).
+_current_device = getattr(torch._C, "_cuda_getDevice", torch.cuda.current_device)
+
+
 def _stream_handle(index: int) -> int:
     if _raw_stream is not None:
         return _raw_stream(index)
@@ -98,24 +100,23 @@ def _run(entry: _Entry, device: torch.device, weights: tuple, inputs: _lib.Input
     w = entry.weights.get(weights)
     if w is None:
         w = entry.weights[weights] = _lib.Weights(*weights)
-    current = torch.cuda.current_device()
+    current = _current_device()
     index = device.index if device.index is not None else current
     handle = _stream_handle(index)
-    capturing = torch.cuda.is_current_stream_capturing()
     # One workspace per plan: an eager run on another stream than the last waits for that stream's
     # work so far (which includes the last run), so two streams never share it at once. Inside a
     # capture the caller orders the replays, as for any buffer a graph holds.
-    if not capturing and entry.stream is not None and entry.stream != handle:
-        event = torch.cuda.Event()
-        event.record(torch.cuda.ExternalStream(entry.stream, device=index))
-        torch.cuda.ExternalStream(handle, device=index).wait_event(event)
+    if handle != entry.stream and not torch.cuda.is_current_stream_capturing():
+        if entry.stream is not None:
+            event = torch.cuda.Event()
+            event.record(torch.cuda.ExternalStream(entry.stream, device=index))
+            torch.cuda.ExternalStream(handle, device=index).wait_event(event)
+        entry.stream = handle
     if index == current:
         entry.plan.run(w, inputs, output, entry.workspace_ptr, handle)
     else:  # loom launches on the current device: make it the tensors'
         with torch.cuda.device(index):
             entry.plan.run(w, inputs, output, entry.workspace_ptr, handle)
-    if not capturing:
-        entry.stream = handle
     _last[index] = entry
 
 
@@ -124,13 +125,18 @@ def _routing_key(scoring, softcap, renormalize, n_group, topk_group, routed_scal
 
 
 def _inputs(hidden, router_logits, topk_ids, topk_weights, expert_bias) -> _lib.Inputs:
-    return _lib.Inputs(hidden.shape[0], _aligned_ptr("hidden", hidden), _aligned_ptr("router_logits", router_logits),
-                       _aligned_ptr("expert_bias", expert_bias), _aligned_ptr("topk_ids", topk_ids),
-                       _aligned_ptr("topk_weights", topk_weights))
+    # One alignment test for all five (a call per tensor costs more than loom's launches on the host).
+    ptrs = [t.data_ptr() if t is not None else 0 for t in (hidden, router_logits, expert_bias, topk_ids, topk_weights)]
+    if (ptrs[0] | ptrs[1] | ptrs[2] | ptrs[3] | ptrs[4]) & 15:
+        for name, t in zip(("hidden", "router_logits", "expert_bias", "topk_ids", "topk_weights"),
+                           (hidden, router_logits, expert_bias, topk_ids, topk_weights)):
+            aligned_ptr(name, t)
+    return _lib.Inputs(hidden.shape[0], *ptrs)
 
 
 def ffn_into(out, hidden, w13, w2, w13_scale, w2_scale, router_logits, topk_ids, topk_weights, expert_bias, topk,
-             renormalize, scoring, softcap, n_group, topk_group, routed_scaling, deterministic) -> None:
+             renormalize, scoring, softcap, n_group, topk_group, routed_scaling, deterministic,
+             weight_ptrs=None) -> None:
     T, H = hidden.shape
     if T == 0:
         return
@@ -138,33 +144,38 @@ def ffn_into(out, hidden, w13, w2, w13_scale, w2_scale, router_logits, topk_ids,
     device = hidden.device
     entry = _entry(device, _lib.MODE_FFN, T, H, two_i // 2, E, topk,
                    _routing_key(scoring, softcap, renormalize, n_group, topk_group, routed_scaling), deterministic)
-    weights = (_aligned_ptr("w13", w13), _aligned_ptr("w13_scale", w13_scale), _aligned_ptr("w2", w2),
-               _aligned_ptr("w2_scale", w2_scale))
+    if weight_ptrs is None:  # (the eager path passes the pointers of the weights it validated)
+        weight_ptrs = (aligned_ptr("w13", w13), aligned_ptr("w2", w2), aligned_ptr("w13_scale", w13_scale),
+                       aligned_ptr("w2_scale", w2_scale))
+    weights = (weight_ptrs[0], weight_ptrs[2], weight_ptrs[1], weight_ptrs[3])  # loom_weights_t's order
     _run(entry, device, weights, _inputs(hidden, router_logits, topk_ids, topk_weights, expert_bias),
-         _aligned_ptr("out", out))
+         aligned_ptr("out", out))
 
 
 def fused_moe_direct(hidden, w13, w2, w13_scale, w2_scale, router_logits, topk_ids, topk_weights, expert_bias, topk,
-                     renormalize, scoring, softcap, n_group, topk_group, routed_scaling, deterministic):
-    out = torch.empty((hidden.shape[0], hidden.shape[1]), dtype=torch.bfloat16, device=hidden.device)
+                     renormalize, scoring, softcap, n_group, topk_group, routed_scaling, deterministic,
+                     weight_ptrs=None):
+    out = torch.empty_like(hidden)  # bf16 [T, H], contiguous as hidden is (the cheapest allocation call)
     ffn_into(out, hidden, w13, w2, w13_scale, w2_scale, router_logits, topk_ids, topk_weights, expert_bias, topk,
-             renormalize, scoring, softcap, n_group, topk_group, routed_scaling, deterministic)
+             renormalize, scoring, softcap, n_group, topk_group, routed_scaling, deterministic, weight_ptrs)
     return out
 
 
 def moe_single_direct(hidden, w, w_scale, router_logits, topk_ids, topk_weights, expert_bias, topk, renormalize,
-                      scoring, softcap, n_group, topk_group, routed_scaling, deterministic):
+                      scoring, softcap, n_group, topk_group, routed_scaling, deterministic, weight_ptrs=None):
     T, H = hidden.shape
     E, N, _ = w.shape
-    out = torch.empty((T, N), dtype=torch.float32, device=hidden.device)
+    out = hidden.new_empty((T, N), dtype=torch.float32)
     if T == 0:
         return out
     device = hidden.device
     entry = _entry(device, _lib.MODE_SINGLE, T, H, N, E, topk,
                    _routing_key(scoring, softcap, renormalize, n_group, topk_group, routed_scaling), deterministic)
-    weights = (_aligned_ptr("w", w), _aligned_ptr("w_scale", w_scale), 0, 0)
+    if weight_ptrs is None:
+        weight_ptrs = (aligned_ptr("w", w), aligned_ptr("w_scale", w_scale))
+    weights = (weight_ptrs[0], weight_ptrs[1], 0, 0)
     _run(entry, device, weights, _inputs(hidden, router_logits, topk_ids, topk_weights, expert_bias),
-         _aligned_ptr("out", out))
+         aligned_ptr("out", out))
     return out
 
 
