@@ -9,7 +9,8 @@
 #   SANITIZE         tools to run over every GPU test (default "memcheck synccheck racecheck"; '' none)
 #   SANITIZE_FILTER, SANITIZE_SECONDS, SANITIZE_JOBS: see scripts/sanitize.sh
 #   SKIP_PEAKS       set: skip `loom peaks`
-#   SKIP_PYTHON      set: skip the Python package's pytest and tools/torch_bench.py (run where torch is)
+#   SKIP_PYTHON      set: skip the Python package's pytest, tools/torch_bench.py, the example and
+#                    tools/bf16_peers.py (run where torch is)
 #   SKIP_SKELETON    set: skip the lab's probes (`loom-lab skeleton`, `gather-probe`, `stream-probe`,
 #                    `warp-probe`; ~10 s; a build with the lab only)
 #   CHECK_BENCH      `loom bench` runs, ';'-separated argument lists (default: docs/perf/current.md's;
@@ -71,6 +72,14 @@ if [ -z "${SKIP_PYTHON:-}" ] && python3 -c "import torch, pytest" 2>/dev/null; t
     python3 tools/torch_bench.py --loom "$loom" --json "$out/logs/torch_bench.json" > "$out/logs/torch_bench.txt" 2>&1
   note "torch_bench: rc=$?"
   cat "$out/logs/torch_bench.txt" >> "$summary"
+  LOOM_LIBRARY=$PWD/$build/src/libloom.so PYTHONPATH=$PWD/python \
+    python3 examples/torch_moe_layer.py > "$out/logs/example.txt" 2>&1
+  note "example: rc=$? $(tail -1 "$out/logs/example.txt")"
+  # The BF16 layer's peers (issue 47) on the preset h200-bf16's shape, loom's GPU rows beside them
+  # once its BF16 path runs.
+  python3 tools/bf16_peers.py --json "$out/logs/bf16_peers.json" > "$out/logs/bf16_peers.txt" 2>&1
+  note "bf16_peers: rc=$?"
+  cat "$out/logs/bf16_peers.txt" >> "$summary"
 fi
 
 # compute-sanitizer over every GPU test (scripts/sanitize.sh: a process per test and tool, several

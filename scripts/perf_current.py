@@ -8,7 +8,8 @@ MANIFEST lists one run a line: the JSON file, a tab, the `loom bench` arguments 
 the GEMM config launched and the launches before it, end-to-end / GEMM-alone / glue times (median of
 cold-L2 graph replays), the floor measured in the same run and the ratio, TFLOP/s on compact routed
 rows, and for the ffn layer its stages timed alone, with the commit and the command that reproduce
-the row.
+the row. A tools/torch_bench.py JSON beside the manifest (torch_bench.json) adds the Python front's
+table.
 """
 import json
 import os
@@ -87,6 +88,23 @@ def main():
                        f"{fmt(gemm['median_us'] if gemm else None)} | {fmt(glue)} | {fmt(floor)} | "
                        f"{fmt(ratio, '{:.3f}')} | {fmt(tflops)} | {stages}{fmt(glue_ratio, '{:.2f}')} | "
                        f"{fmt(check, '{:.1e}')} |")
+        out.append("")
+    front = os.path.join(base, "torch_bench.json")  # the Python front's cost, where gpu-check ran it
+    if os.path.exists(front):
+        t = json.load(open(front))
+        sh = t["shape"]
+        out += ["## `python3 tools/torch_bench.py --loom build/tools/loom` (the Python front)", "",
+                f"H={sh['hidden']} I={sh['inter']} E={sh['experts']} k={sh['topk']} fp8 ffn, router logits; commit "
+                f"`{t['commit']}`. graph: loom.fused_moe captured in a torch CUDA graph, median replay (warm L2), "
+                "against `loom bench`'s warm e2e of the same run. host: median host time of one eager call "
+                "from an idle GPU; C ABI = loom_run through ctypes on the same plan; added = median of the "
+                "per-call differences.", "",
+                "| T | torch graph | loom bench | ratio | host op | host C ABI | added |",
+                "| ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+        for r in t["rows"]:
+            out.append(f"| {r['tokens']} | {r['graph_us']:.1f} | {r['bench_warm_us']:.1f} | "
+                       f"{r['graph_us'] / r['bench_warm_us']:.3f} | {r['host_op_us']:.1f} | {r['host_c_abi_us']:.1f} | "
+                       f"{fmt(r.get('host_added_us'))} |")
         out.append("")
     sys.stdout.write("\n".join(out) + "\n")
 
