@@ -6,6 +6,7 @@
 #include "gemm/epilogue/combine_handoff.cuh"
 #include "gemm/epilogue/combine_in_consumers.cuh"
 #include "gemm/gemm_fp8.hpp"
+#include "gemm/kernel/bf16_tokens_on_m_kernel.cuh"
 #include "gemm/kernel/fp8_resident_kernel.cuh"
 #include "gemm/kernel/fp8_tokens_on_m_kernel.cuh"
 #include "gemm/kernel/fp8_weights_on_m_kernel.cuh"
@@ -38,6 +39,10 @@ using Sm90Fp8TmTallSorted = TokensOnMKernel<false, tokens_on_m::NoProbe, true>;
 using Sm90Fp8TmWideSorted = TokensOnMKernel<true, tokens_on_m::NoProbe, true>;
 // ... 64 x (gate block + up block) tiles, the epilogue SiLU(gate)*up requantised (ffn GEMM 1).
 using Sm90Fp8TmWideAct = TokensOnMKernel<true, tokens_on_m::NoProbe, false, true>;
+// BF16, tokens on M: 128 x 256 tiles, A and B by TMA; the SiLU*up epilogue (ffn GEMM 1) or the
+// weighted route rows (ffn GEMM 2).
+using Sm90Bf16TmAct = Bf16TokensOnMKernel<Bf16Epilogue::act>;
+using Sm90Bf16TmRows = Bf16TokensOnMKernel<Bf16Epilogue::rows>;
 
 #define LOOM_GEMM_INSTANCE(Kernel)                                                                     \
   template void launch_grouped_gemm<Kernel>(const typename Kernel::Maps&, const typename Kernel::Args&, int, size_t, \
@@ -55,5 +60,7 @@ LOOM_GEMM_INSTANCE_EXTERN(Sm90Fp8TmWide);
 LOOM_GEMM_INSTANCE_EXTERN(Sm90Fp8TmTallSorted);
 LOOM_GEMM_INSTANCE_EXTERN(Sm90Fp8TmWideSorted);
 LOOM_GEMM_INSTANCE_EXTERN(Sm90Fp8TmWideAct);
+LOOM_GEMM_INSTANCE_EXTERN(Sm90Bf16TmAct);
+LOOM_GEMM_INSTANCE_EXTERN(Sm90Bf16TmRows);
 
 }  // namespace loom::gemm

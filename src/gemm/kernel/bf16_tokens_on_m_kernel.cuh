@@ -1,0 +1,144 @@
+// The BF16 tokens-on-M kernel (issue 47): the BF16 mainloop (mainloop/bf16_tokens_on_m.cuh), A by
+// TMA from the expert-sorted rows, the expert-tile scheduler, and the act or route-row epilogue
+// (epilogue/bf16_rows.cuh), in the skeleton.
+//
+//   warp roles   warpgroup 0: one thread issues the A and B tiles of the CTA's units by TMA;
+//                warpgroups 1 and 2: rows 0..63 and 64..127 of every tile, the MMAs and the
+//                epilogue from registers
+//   units        (expert, 128-row tile, 256-wide weight block), weight blocks innermost so that the
+//                CTAs running together read one expert's weights and a few row tiles; round robin
+#pragma once
+
+#include <cuda.h>
+
+#include <cstdint>
+
+#include "gemm/epilogue/bf16_rows.cuh"
+#include "gemm/gemm_bf16.hpp"
+#include "gemm/kernel/grouped_gemm_sm90.cuh"
+#include "gemm/mainloop/bf16_tokens_on_m.cuh"
+#include "gemm/scheduler/expert_tiles.cuh"
+#include "ptx/mbarrier.cuh"
+#include "ptx/pdl.cuh"
+#include "ptx/tma.cuh"
+
+namespace loom::gemm {
+
+struct Bf16TokensOnMMaps {
+  CUtensorMap x;  // [x_rows, K] bf16, boxes of 128 rows x 64
+  CUtensorMap w;  // [E * N, K] bf16, boxes of 128 rows x 64
+};
+
+struct Bf16TokensOnMArgs {
+  const int32_t* offsets;
+  const int32_t* counts;  // always null: build_expert_tiles reads the offsets
+  int stride;
+  const float* row_weight;
+  void* out;
+  int experts, n, k, kblocks;
+  int col_blocks;  // units per row tile: act ceil(I / 128), rows ceil(N / 256)
+  int inter;       // act: I
+  int store_bf16;
+};
+
+namespace bf16_tokens_on_m {
+
+struct alignas(1024) Storage {
+  StageTiles ring;
+  ExpertTiles tiles;
+};
+
+struct Unit {
+  int expert, row0, rows, nb;  // the tile's first sorted row, its rows (1..128), its weight block
+};
+
+}  // namespace bf16_tokens_on_m
+
+template <Bf16Epilogue kEpilogue>
+struct Bf16TokensOnMKernel {
+  using Maps = Bf16TokensOnMMaps;
+  using Args = Bf16TokensOnMArgs;
+  using Params = ParamRefs<Maps, Args>;
+  using SharedStorage = bf16_tokens_on_m::Storage;
+  using Unit = bf16_tokens_on_m::Unit;
+  using StageCursor = bf16_tokens_on_m::StageCursor;
+  static constexpr uint32_t kProducerRegs = 40, kConsumerRegs = 232;
+  static constexpr int kTileRows = bf16_tokens_on_m::kTileRows, kBlockK = bf16_tokens_on_m::kBlockK;
+
+  struct Schedule {
+    int units;
+  };
+
+  static __device__ __forceinline__ Unit decode(const SharedStorage& s, const Args& a, int u) {
+    const int tile = u / a.col_blocks;
+    const int e = tile_expert(s.tiles, a.experts, tile);
+    const int row0 = s.tiles.expert_row[e] + (tile - s.tiles.tile_start[e]) * kTileRows;
+    return Unit{e, row0, min(kTileRows, s.tiles.expert_end[e] - row0), u - tile * a.col_blocks};
+  }
+
+  static __device__ __forceinline__ void init(SharedStorage& s, const Params&) {
+    for (int i = 0; i < bf16_tokens_on_m::kStages; ++i) {
+      ptx::mbar_init(&s.ring.full[i], 1);
+      ptx::mbar_init(&s.ring.empty[i], kConsumerWarps * kReleaseArrivalsPerWarp);
+    }
+  }
+  static __device__ __forceinline__ void prefetch(const Params& p) {
+    ptx::prefetch_tensormap(&p.maps.x);
+    ptx::prefetch_tensormap(&p.maps.w);
+  }
+
+  // The offsets (and the sorted rows) are the kernels' before this one.
+  static __device__ __forceinline__ Schedule prepare(SharedStorage& s, const Params& p) {
+    ptx::pdl_wait();
+    build_expert_tiles(s.tiles, p.a, kTileRows);  // its barriers also publish the mbarrier initialisation
+    return Schedule{s.tiles.tile_start[p.a.experts] * p.a.col_blocks};
+  }
+
+  static __device__ __forceinline__ void produce(SharedStorage& s, const Params& p, const Schedule& sched) {
+    using namespace bf16_tokens_on_m;
+    if (threadIdx.x != 0) return;
+    const Args& a = p.a;
+    StageCursor st;
+    for (int u = blockIdx.x; u < sched.units; u += gridDim.x) {
+      const Unit unit = decode(s, a, u);
+      // B's two boxes: act, gate block nb and up block nb (w13's up rows start at row inter);
+      // rows, weight rows 256 nb .. 256 nb + 255. Rows past the expert's N belong to the next
+      // expert or are out of bounds (zeros): their columns are never written.
+      const int w_row0 = unit.expert * a.n + (kEpilogue == Bf16Epilogue::act ? unit.nb * kBoxRows : unit.nb * kTileCols);
+      const int w_row1 = kEpilogue == Bf16Epilogue::act ? w_row0 + a.inter : w_row0 + kBoxRows;
+      for (int kb = 0; kb < a.kblocks; ++kb) {
+        ptx::mbar_wait(&s.ring.empty[st.stage], st.phase ^ 1);
+        ptx::mbar_arrive_expect_tx(&s.ring.full[st.stage], kATileBytes + kBTileBytes);
+        ptx::tma_load_2d(s.ring.a[st.stage], &p.maps.x, kb * kBlockK, unit.row0, &s.ring.full[st.stage]);
+        ptx::tma_load_2d(s.ring.b[st.stage], &p.maps.w, kb * kBlockK, w_row0, &s.ring.full[st.stage]);
+        ptx::tma_load_2d(s.ring.b[st.stage] + kBoxBytes, &p.maps.w, kb * kBlockK, w_row1, &s.ring.full[st.stage]);
+        st.advance();
+      }
+    }
+  }
+
+  static __device__ __forceinline__ void consume(SharedStorage& s, const Params& p, const Schedule& sched,
+                                                 int consumer) {
+    using namespace bf16_tokens_on_m;
+    const Args& a = p.a;
+    const int lane = threadIdx.x % 32, q = lane % 4;
+    const int r = 64 * consumer + 16 * (threadIdx.x / 32 % 4) + lane / 4;  // the thread's first row in the tile
+    StageCursor st;
+    float acc[128];
+    for (int u = blockIdx.x; u < sched.units; u += gridDim.x) {
+      const Unit unit = decode(s, a, u);
+      k_loop(s.ring, acc, a.kblocks, consumer, st);
+      const int64_t row = unit.row0 + r, row8 = row + 8;
+      const bool ok = r < unit.rows, ok8 = r + 8 < unit.rows;
+      if constexpr (kEpilogue == Bf16Epilogue::act) {
+        store_act(a.out, a.inter, acc, row, ok, row8, ok8, unit.nb, q);
+      } else {
+        const float w = ok && a.row_weight ? __ldcg(a.row_weight + row) : 1.0f;
+        const float w8 = ok8 && a.row_weight ? __ldcg(a.row_weight + row8) : 1.0f;
+        store_rows(a.out, a.n, a.store_bf16, acc, row, ok, w, row8, ok8, w8, unit.nb * kTileCols, q);
+      }
+    }
+  }
+};
+
+}  // namespace loom::gemm
