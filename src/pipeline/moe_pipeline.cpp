@@ -1,6 +1,7 @@
 // run(): the launches of the plan's bucket for the batch, enqueued with their parameters on the
 // workspace (route -> dispatch -> quantise in whichever launches the bucket fuses them -> GEMM ->
-// the deterministic combine), chained with PDL.
+// the deterministic combine; dtype bf16: route -> dispatch -> gather -> GEMM 1 -> GEMM 2 ->
+// combine), chained with PDL.
 #include <cuda_runtime.h>
 
 #include <cstdint>
@@ -13,8 +14,10 @@
 #include "dispatch/dispatch_quant_sm90.cuh"
 #include "dispatch/dispatch_sm90.cuh"
 #include "dispatch/expert_bins_clear_sm90.cuh"
+#include "dispatch/gather_rows_sm90.cuh"
 #include "dispatch/route_dispatch_small_sm90.cuh"
 #include "gemm/combine_rows_sm90.cuh"
+#include "gemm/gemm_bf16.hpp"
 #include "gemm/gemm_fp8.hpp"
 #include "gemm/to_bf16_sm90.cuh"
 #include "loom/loom.hpp"
@@ -57,9 +60,11 @@ void run_stages(const Plan& p, const Weights& w, const Inputs& in, void* output,
   if (from_logits == (in.topk_ids != nullptr))
     throw Error("run: give router_logits or topk_ids/topk_weights, exactly one of them");
   if (!from_logits && !in.topk_weights) throw Error("run: topk_ids needs topk_weights");
-  if (!in.hidden || !output || !workspace || !w.w1 || !w.w1_scales) throw Error("run: null device pointer");
-  const bool ffn = s.mode == Mode::ffn;
-  if (ffn && (!w.w2 || !w.w2_scales)) throw Error("run: ffn mode needs w2 and w2_scales");
+  if (!in.hidden || !output || !workspace || !w.w1) throw Error("run: null device pointer");
+  const bool ffn = s.mode == Mode::ffn, fp8 = s.dtype == DType::fp8;
+  if (fp8 && !w.w1_scales) throw Error("run: fp8 weights need w1_scales");
+  if (ffn && (!w.w2 || (fp8 && !w.w2_scales)))
+    throw Error(fp8 ? "run: ffn mode needs w2 and w2_scales" : "run: ffn mode needs w2");
   // TMA and the kernels' vector loads and stores start on 16-byte boundaries; the workspace's
   // carve-up is in 256-byte units.
   const std::pair<const void*, const char*> buffers[] = {
@@ -135,6 +140,66 @@ void run_stages(const Plan& p, const Weights& w, const Inputs& in, void* output,
   uint32_t* token_masks = chain.token_masks ? at<uint32_t>(workspace, L.token_masks) : nullptr;
   rp.token_masks = token_masks;
   dp.token_masks = token_masks;
+  // Debug builds of a run: synchronise, read the status, throw on dropped routes or NaN logits.
+  auto debug_check = [&] {
+    if (!p.options.debug_checks) return;
+    LOOM_CUDA_CHECK(cudaStreamSynchronize(stream));
+    const LayerStatus st = read_status(p, workspace, stream);
+    if (st.dropped_routes || st.nan_tokens)
+      throw Error("run: " + std::to_string(st.dropped_routes) + " routes with expert ids outside [0, " +
+                  std::to_string(E) + ") dropped, " + std::to_string(st.nan_tokens) + " tokens with NaN router logits");
+  };
+
+  if (!fp8) {  // the BF16 layer: route -> dispatch -> gather -> GEMM 1 (SiLU*up) -> GEMM 2 -> combine
+    const int64_t rows = padded_rows(int64_t(T) * k);
+    if (from_logits && do_route) launch_route_topk(rp, stream, pdl);
+    if (do_dispatch) {
+      if (chain.dispatch_small)
+        launch_dispatch_small(dp, stream, pdl);
+      else
+        launch_dispatch(dp, stream, pdl);
+    }
+    GatherRowsParams gr;
+    gr.hidden = static_cast<const uint16_t*>(in.hidden);
+    gr.route_row = dp.route_row;
+    gr.rows = at<uint16_t>(workspace, L.x);
+    gr.tokens = T;
+    gr.topk = k;
+    gr.hidden_dim = int(s.hidden);
+    if (do_quant) launch_gather_rows(gr, stream, pdl);
+    GemmBf16Params g1;
+    g1.weights = static_cast<const bf16*>(w.w1);
+    g1.x = at<const bf16>(workspace, L.x);
+    g1.x_rows = rows;
+    g1.offsets = dp.offsets;
+    g1.epilogue = Bf16Epilogue::act;
+    g1.out = at<void>(workspace, L.act);
+    g1.inter = int(s.inter);
+    g1.experts = E;
+    g1.n = int(2 * s.inter);
+    g1.k = int(s.hidden);
+    if (do_gemm1) launch_gemm_bf16(g1, dev, stream, pdl);
+    GemmBf16Params g2 = g1;
+    g2.weights = static_cast<const bf16*>(w.w2);
+    g2.x = at<const bf16>(workspace, L.act);
+    g2.epilogue = Bf16Epilogue::rows;
+    g2.row_weight = dp.row_weight;
+    g2.out = at<void>(workspace, L.y);
+    g2.store_bf16 = true;  // the weighted route rows in bf16, as the deterministic FP8 layer's (docs/numerics.md)
+    g2.n = int(s.hidden);
+    g2.k = int(s.inter);
+    if (do_gemm2) launch_gemm_bf16(g2, dev, stream, pdl);
+    CombineRowsParams cp;
+    cp.y_bf16 = at<const uint16_t>(workspace, L.y);
+    cp.route_row = dp.route_row;
+    cp.tokens = T;
+    cp.topk = k;
+    cp.cols = int(s.hidden);
+    cp.out_bf16 = static_cast<uint16_t*>(output);
+    if (do_out) launch_combine_rows(cp, stream, pdl);
+    debug_check();
+    return;
+  }
   QuantGatherParams qp;  // token order (the GEMM gathers by token) or expert-sorted rows
   qp.hidden = static_cast<const uint16_t*>(in.hidden);
   qp.route_row = sorted ? dp.route_row : nullptr;
@@ -342,13 +407,7 @@ void run_stages(const Plan& p, const Weights& w, const Inputs& in, void* output,
     launch_to_bf16(tb, p.sm_count, stream, pdl);
   }
 
-  if (p.options.debug_checks) {
-    LOOM_CUDA_CHECK(cudaStreamSynchronize(stream));
-    const LayerStatus st = read_status(p, workspace, stream);
-    if (st.dropped_routes || st.nan_tokens)
-      throw Error("run: " + std::to_string(st.dropped_routes) + " routes with expert ids outside [0, " +
-                  std::to_string(E) + ") dropped, " + std::to_string(st.nan_tokens) + " tokens with NaN router logits");
-  }
+  debug_check();
 }
 
 LayerStatus read_status(const Plan& p, const void* workspace, cudaStream_t stream) {

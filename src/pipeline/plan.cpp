@@ -238,14 +238,28 @@ Launches decide_ffn(const Shape& s, const Routing& r, const Options& o, const De
   return l;
 }
 
+// dtype bf16 (the ffn layer): routing (from logits), the dispatch, the gather of the bf16 rows
+// into expert-sorted order, GEMM 1 with the SiLU*up epilogue, GEMM 2 storing bf16 route rows, and
+// the combine (bitwise deterministic in both modes until a reducing epilogue lands).
+Launches decide_bf16(const Shape& s, const Options& o, int64_t tokens) {
+  Launches l;
+  l.ffn = true;
+  l.bf16 = true;
+  l.combine_rows = true;
+  l.chain.sorted_rows = true;
+  l.chain.dispatch_small = o.fuse_small_batch && dispatch_small_fits(int(tokens), int(s.topk), int(s.experts));
+  return l;
+}
+
 bool same(const Launches& a, const Launches& b) {
   return a.chain == b.chain && key(a.gemm) == key(b.gemm) && a.combine_rows == b.combine_rows && a.error == b.error &&
-         a.ffn == b.ffn && (!a.ffn || key(a.gemm2) == key(b.gemm2));
+         a.ffn == b.ffn && a.bf16 == b.bf16 && (!a.ffn || key(a.gemm2) == key(b.gemm2));
 }
 
 std::vector<PlanBuckets::Bucket> make_buckets(const Shape& s, const Routing& r, const Options& o,
                                               const DeviceInfo& dev, const std::optional<GemmConfig>& override_config) {
   auto one = [&](int64_t t, bool from_logits) {
+    if (s.dtype == DType::bf16) return decide_bf16(s, o, t);
     return s.mode == Mode::ffn ? decide_ffn(s, r, o, dev, override_config, t, from_logits)
                                : decide(s, r, o, dev, override_config, t, from_logits);
   };
@@ -313,8 +327,11 @@ Plan plan(const Shape& s, const Routing& r, const Options& o) { return plan(s, r
 Plan plan(const Shape& s, const Routing& r, const Options& o, const DeviceSpec& device) {
   validate(s);
   validate(r, s);
-  if (s.dtype != DType::fp8)
-    throw Error("the GPU path runs dtype fp8 only for now; bf16 has the CPU reference (layer_ref) only");
+  const bool bf16 = s.dtype == DType::bf16;
+  if (bf16 && s.mode != Mode::ffn)
+    throw Error("dtype bf16 runs the ffn layer (mode ffn); the one-GEMM single mode is fp8 only");
+  if (bf16 && (!o.gemm_config.empty() || !o.gemm2_config.empty()))
+    throw Error("gemm_config and gemm2_config name FP8 GEMM configs; the bf16 layer has one GEMM kernel");
   if (s.experts > kGpuMaxExperts)
     throw Error("experts = " + std::to_string(s.experts) + " exceeds the GPU limit " + std::to_string(kGpuMaxExperts));
   if (s.topk > kGpuMaxTopk)
@@ -365,11 +382,13 @@ Plan plan(const Shape& s, const Routing& r, const Options& o, const DeviceSpec& 
   L.route_row = carve(c, size_t(R) * 4);
   L.row_token = carve(c, size_t(R) * 4);
   L.row_weight = carve(c, size_t(R) * 4);
-  L.x = carve(c, size_t(x_rows) * size_t(K));
-  L.x_scales = carve(c, size_t(scale_floats(quant_blocks(K), x_rows)) * 4);  // either layout
+  // fp8: e4m3 codes and their scales; bf16: the rows themselves.
+  L.x = carve(c, size_t(x_rows) * size_t(K) * (bf16 ? 2 : 1));
+  L.x_scales = carve(c, bf16 ? 0 : size_t(scale_floats(quant_blocks(K), x_rows)) * 4);  // either layout
   // Stored rows: single mode's deterministic combine, ffn GEMM 2's (N = H there).
   // Deterministic: the weighted route rows, fp32 (single mode) or bf16 (ffn GEMM 2's, rounded).
-  L.y = carve(c, o.deterministic ? size_t(R) * size_t(ffn ? s.hidden : N) * (ffn ? 2 : 4) : 0);
+  // bf16: GEMM 2's weighted route rows in bf16 in both modes.
+  L.y = carve(c, o.deterministic || bf16 ? size_t(R) * size_t(ffn ? s.hidden : N) * (ffn ? 2 : 4) : 0);
   // The GEMM's work queue (scheduler/work_queue.cuh), and beside it ffn GEMM 2's, so that one clear
   // of 2 kWorkQueueWords words resets both.
   L.gemm_queue = carve(c, 2 * kWorkQueueWords * sizeof(int32_t));
@@ -383,17 +402,18 @@ Plan plan(const Shape& s, const Routing& r, const Options& o, const DeviceSpec& 
   L.bin_token = carve(c, size_t(s.experts) * size_t(L.bin_stride) * 4);
   L.bin_weight = carve(c, size_t(s.experts) * size_t(L.bin_stride) * 4);
   L.status = carve(c, sizeof(LayerStatus));
-  L.h = carve(c, ffn ? size_t(Rp) * size_t(N) * 4 : 0);
-  L.act = carve(c, ffn ? size_t(Rp) * size_t(s.inter) : 0);
-  L.act_scales = carve(c, ffn ? size_t(scale_floats(quant_blocks(s.inter), Rp)) * 4 : 0);  // either layout
+  // bf16: GEMM 1 writes the intermediate itself, in bf16 (no h, no scales).
+  L.h = carve(c, ffn && !bf16 ? size_t(Rp) * size_t(N) * 4 : 0);
+  L.act = carve(c, ffn ? size_t(Rp) * size_t(s.inter) * (bf16 ? 2 : 1) : 0);
+  L.act_scales = carve(c, ffn && !bf16 ? size_t(scale_floats(quant_blocks(s.inter), Rp)) * 4 : 0);  // either layout
   L.gemm2_queue = L.gemm_queue + kWorkQueueWords * sizeof(int32_t);
   // The fast combine's fp32 accumulator (the deterministic combine writes the bf16 output itself).
-  L.acc = carve(c, ffn && !o.deterministic ? size_t(T) * size_t(s.hidden) * 4 : 0);
+  L.acc = carve(c, ffn && !o.deterministic && !bf16 ? size_t(T) * size_t(s.hidden) * 4 : 0);
   L.total = c;
   L.x_rows = x_rows;
   p.buckets = buckets;
   const Launches& top = buckets->buckets.back().from_logits;
-  p.gemm_config = top.error.empty() ? key(top.gemm) : "(" + top.error + ")";
+  p.gemm_config = top.error.empty() ? top.gemm_key() : "(" + top.error + ")";
   return p;
 }
 
@@ -424,10 +444,24 @@ std::string Chain::route_label() const {
          (quant_with_route ? "+quant" : "") + (expert_bins ? "+bins" : "");
 }
 
+// The BF16 kernel's name where a config key would be.
+constexpr const char* kBf16GemmName = "bf16.tM.128x256";
+
+std::string Launches::gemm_key() const { return bf16 ? kBf16GemmName : key(gemm); }
+
 std::string Launches::summary(bool from_logits) const {
   if (!error.empty()) return "(cannot run: " + error + ")";
   std::string s;
   auto add = [&](const std::string& x) { s += (s.empty() ? "" : " -> ") + x; };
+  if (bf16) {
+    if (from_logits) add("route");
+    add(chain.dispatch_small ? "dispatch(1 CTA)" : "count+dispatch");
+    add("gather(bf16)");
+    add(std::string("gemm1 ") + kBf16GemmName + ".act");
+    add(std::string("gemm2 ") + kBf16GemmName + ".rows");
+    add("combine+bf16");
+    return s;
+  }
   if (from_logits) add(chain.route_label());
   if (!chain.quant_with_route && !chain.sorted_rows) add("quant");
   if (!chain.fused_route_dispatch && !chain.expert_bins)
@@ -449,8 +483,9 @@ std::string describe(const Plan& p) {
     << "routing: " << describe(p.routing) << "\n"
     << "device: " << p.device_name << ", " << p.sm_count << " SMs, L2 " << (p.l2_bytes >> 20) << " MiB\n"
     << "combine: "
-    << (p.options.deterministic ? "deterministic (row stores + slot-order sum, no float atomics)"
-                                : "fast (reductions into the output from the GEMM epilogue)")
+    << (p.options.deterministic || p.shape.dtype == DType::bf16
+            ? "deterministic (row stores + slot-order sum, no float atomics)"
+            : "fast (reductions into the output from the GEMM epilogue)")
     << "\n"
     << "launch: " << (p.options.pdl ? "programmatic dependent launch" : "plain stream order")
     << (p.options.debug_checks ? ", debug checks after each run" : "") << "\n"
@@ -467,9 +502,12 @@ std::string describe(const Plan& p) {
   }
   o << "gemm configs:\n";
   std::vector<std::string> seen;
+  if (p.shape.dtype == DType::bf16)
+    o << "  " << kBf16GemmName << ": bf16 tokens on M, 128 expert rows x 256 weight rows, A and B by TMA, "
+      << "4 stages, fp32 accumulation over K; GEMM 1 SiLU*up into the bf16 intermediate, GEMM 2 bf16 route rows\n";
   for (const auto& b : p.buckets->buckets)
     for (const Launches* l : {&b.from_logits, &b.from_ids}) {
-      if (!l->error.empty()) continue;
+      if (!l->error.empty() || l->bf16) continue;
       for (const GemmConfig* g : {&l->gemm, l->ffn ? &l->gemm2 : nullptr}) {
         if (!g) continue;
         const std::string k = key(*g);

@@ -37,9 +37,14 @@ struct Launches {
   // then the bf16 output pass.
   bool ffn = false;
   GemmConfig gemm2;
+  // dtype bf16 (ffn): the expert-sorted bf16 copy (the gather), the BF16 GEMMs (GEMM 1 with the
+  // SiLU*up epilogue, GEMM 2 storing bf16 route rows) and the combine; gemm and gemm2 are unused.
+  bool bf16 = false;
   std::string error;          // non-empty: this routing source cannot run with the plan's options
   // "clear+route+quant+bins -> gemm tM.tall.s4.bulk.dyn.efw.exl", one line.
   std::string summary(bool from_logits) const;
+  // GEMM (1)'s config key, or the BF16 kernel's name.
+  std::string gemm_key() const;
 };
 
 struct PlanBuckets {

@@ -163,6 +163,53 @@ TEST(Plan, FfnLayerPlansEveryBatch) {
 // Options::gemm2_config: ffn GEMM 2 on the key at every batch; a key that does not read the
 // intermediate's sorted rows, or whose combine is not the plan's, or any key in single mode, is
 // rejected by plan() with the reason.
+// dtype bf16: the ffn layer plans every batch (route, dispatch, the gather, the two BF16 GEMMs, the
+// combine) with the workspace for the bf16 rows, the bf16 intermediate and the bf16 route rows; the
+// one-GEMM mode and FP8 config overrides are refused with the reason.
+TEST(Plan, Bf16LayerPlansEveryBatch) {
+  const DeviceSpec d = device_spec("h200");
+  const Preset& preset = find_preset("h200-bf16");
+  for (const int64_t tokens : {int64_t(1), int64_t(2048), int64_t(32768)})
+    for (const bool deterministic : {false, true}) {
+      SCOPED_TRACE(testing::Message() << "T=" << tokens << (deterministic ? " deterministic" : " fast"));
+      Shape s = preset.shape;
+      s.tokens = tokens;
+      Options o;
+      o.deterministic = deterministic;
+      const Plan p = plan(s, preset.routing, o, d);
+      EXPECT_EQ(p.gemm_config, "bf16.tM.128x256");
+      const auto& buckets = p.buckets->buckets;
+      EXPECT_EQ(buckets.front().first, 1);
+      EXPECT_EQ(buckets.back().last, tokens);
+      for (const auto& b : buckets)
+        for (const bool logits : {true, false}) {
+          const Launches& l = logits ? b.from_logits : b.from_ids;
+          EXPECT_EQ(l.error, "");
+          EXPECT_TRUE(l.bf16 && l.ffn && l.combine_rows && l.chain.sorted_rows);
+          EXPECT_NE(l.summary(logits).find("gather(bf16) -> gemm1 bf16.tM.128x256.act"), std::string::npos)
+              << l.summary(logits);
+          EXPECT_EQ(&launches_for(p, b.last, logits), &l);
+        }
+      const int64_t R = s.routes(), Rp = padded_rows(R);
+      EXPECT_EQ(p.layout.x_rows, Rp);
+      EXPECT_GE(p.layout.x_scales - p.layout.x, size_t(Rp * s.hidden * 2));
+      EXPECT_GE(p.layout.act_scales - p.layout.act, size_t(Rp * s.inter * 2));
+      EXPECT_GE(p.layout.gemm_queue - p.layout.y, size_t(R * s.hidden * 2));
+      EXPECT_NE(describe(p).find("bf16.tM.128x256: bf16 tokens on M"), std::string::npos) << describe(p);
+    }
+  Shape single = preset.shape;
+  single.mode = Mode::single;
+  try {
+    plan(single, preset.routing, Options{}, d);
+    ADD_FAILURE() << "bf16 single mode planned";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("bf16"), std::string::npos) << e.what();
+  }
+  Options o;
+  o.gemm_config = "tM.tall.s4.bulk.dyn";
+  EXPECT_THROW(plan(preset.shape, preset.routing, o, d), Error);
+}
+
 TEST(Plan, Gemm2ConfigOverridesFfnGemm2) {
   const Preset& layer = find_preset("qwen35-layer");
   const DeviceSpec d = device_spec("h200");

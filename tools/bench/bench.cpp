@@ -303,11 +303,11 @@ void measure_gpu(const BenchOptions& opt, const Plan& plan, const Shape& s, cons
     const ErrorStats e = relative_error(got.data(), reference->out.data(), s.tokens, s.out_cols());
     r.check_overall = e.overall;
     r.check_worst_row = e.worst_row;
-    // ffn: the reference re-quantises its own act, and ~1 % of the GPU's intermediate codes round
-    // the other way on GEMM 1's accumulation noise (docs/numerics.md); the GPU tests hold GEMM 2
-    // and the combine to 2e-3 on the GPU's own intermediate.
-    const bool ffn = s.mode == Mode::ffn;
-    const bool ok = e.overall <= (ffn ? 1e-2 : 2e-3) && e.worst_row <= (ffn ? 5e-2 : 1e-2);
+    // fp8 ffn: the reference re-quantises its own act, and ~1 % of the GPU's intermediate codes
+    // round the other way on GEMM 1's accumulation noise (docs/numerics.md); the GPU tests hold
+    // GEMM 2 and the combine to 2e-3 on the GPU's own intermediate. bf16 has no such step.
+    const bool loose = s.mode == Mode::ffn && s.dtype == DType::fp8;
+    const bool ok = e.overall <= (loose ? 1e-2 : 2e-3) && e.worst_row <= (loose ? 5e-2 : 1e-2);
     log << "  check vs CPU reference: rel err " << e.overall << ", worst row " << e.worst_row
         << (ok ? " (ok)" : " (FAILED)") << "\n";
     if (!ok) r.note += (r.note.empty() ? "" : "; ") + std::string("CHECK FAILED against the CPU reference");
@@ -357,7 +357,8 @@ void measure_gpu(const BenchOptions& opt, const Plan& plan, const Shape& s, cons
     r.gpu.push_back(Timed{"glue_copy", timer.time(copy, 1, L2Mode::flush, brief), Stats{}});
   }
   // ffn: each part of the GEMM stage alone (gemm = all four in order).
-  const bool act_in_gemm1 = s.mode == Mode::ffn && fused_act(launches_for(plan, s.tokens, from_logits).gemm);
+  const Launches& launched = launches_for(plan, s.tokens, from_logits);
+  const bool act_in_gemm1 = s.mode == Mode::ffn && (launched.bf16 || fused_act(launched.gemm));
   if (s.mode == Mode::ffn)
     for (const auto& [name, stages] : {std::pair{"gemm1", Stages::ffn_gemm1}, std::pair{"act", Stages::ffn_act},
                                        std::pair{"gemm2", Stages::ffn_gemm2}, std::pair{"out", Stages::ffn_out}}) {
@@ -431,7 +432,9 @@ std::vector<Record> run_bench(const BenchOptions& opt, std::ostream& log) {
     if (want_reference) {
       const auto t0 = std::chrono::steady_clock::now();
       // (ffn deterministic: the combine's route rows rounded to bf16, docs/numerics.md)
-      reference = layer_ref(weights, hidden.data(), routes.topk, nullptr, s.mode == Mode::ffn && opt.layer.deterministic);
+      // (bf16: GEMM 2 stores bf16 route rows in both modes)
+      reference = layer_ref(weights, hidden.data(), routes.topk, nullptr,
+                            s.mode == Mode::ffn && (opt.layer.deterministic || s.dtype == DType::bf16));
       const auto t1 = std::chrono::steady_clock::now();
       reference_ms = std::chrono::duration<double, std::milli>(t1 - t0).count();
       if (reference->out.size() != size_t(s.tokens * s.out_cols()))
@@ -444,7 +447,7 @@ std::vector<Record> run_bench(const BenchOptions& opt, std::ostream& log) {
       if (t > 0) {
         const bool from_logits = !routes.logits.empty();
         const Launches& l = launches_for(*gpu_plan, t, from_logits);
-        r.gemm_config = key(l.gemm);
+        r.gemm_config = l.gemm_key();
         r.launches = l.summary(from_logits);
       }
       if (t > 0)
