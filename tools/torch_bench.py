@@ -55,7 +55,7 @@ def direct_run(a, k):
     """loom_run on the op's own plan and workspace, through ctypes, bypassing the Python wrapper."""
     T, H = a["hidden"].shape
     E, two_i, _ = a["w13"].shape
-    entry = _ops._entry(a["hidden"].device, loom._lib.MODE_FFN, T, H, two_i // 2, E, k,
+    entry = _ops._entry(a["hidden"].device, loom._lib.MODE_FFN, loom._lib.DTYPE_FP8, T, H, two_i // 2, E, k,
                         _ops._routing_key("softmax", 0.0, True, 1, 1, 1.0), False)
     w = loom._lib.Weights(a["w13"].data_ptr(), a["w13_scale"].data_ptr(), a["w2"].data_ptr(), a["w2_scale"].data_ptr())
     out = torch.empty(T, H, dtype=torch.bfloat16, device="cuda")

@@ -87,12 +87,13 @@ Plan plan(const Shape& max_shape, const Routing& routing, const Options& options
 size_t workspace_bytes(const Plan& p);
 std::string describe(const Plan& p);  // every choice, one per line, and the launches of every bucket
 
+// dtype fp8: e4m3 codes with their block scales; dtype bf16 (ffn only): bf16 values, no scales.
 struct Weights {
   const void* w1 = nullptr;         // single: [E, N, K] e4m3 codes, K-major; ffn: w13 [E, 2I, H] (gate rows, then up rows)
   const float* w1_scales = nullptr; // [E, ceil(N/128), ceil(K/128)] fp32 block scales (ffn: gate and up blocks apart,
-                                    // [E, 2 ceil(I/128), ceil(H/128)])
-  const void* w2 = nullptr;         // ffn: [E, H, I] e4m3 codes, I-major
-  const float* w2_scales = nullptr; // ffn: [E, ceil(H/128), ceil(I/128)]
+                                    // [E, 2 ceil(I/128), ceil(H/128)]); bf16: unused
+  const void* w2 = nullptr;         // ffn: [E, H, I] e4m3 codes (or bf16 values), I-major
+  const float* w2_scales = nullptr; // ffn: [E, ceil(H/128), ceil(I/128)]; bf16: unused
 };
 
 struct Inputs {

@@ -100,7 +100,11 @@ _validated: dict = {}
 
 
 def _weights_stamp(ts: tuple) -> tuple:
-    return tuple((t.data_ptr(), t._version) for t in ts)
+    return tuple((t.data_ptr(), t._version) if t is not None else None for t in ts)
+
+
+def _same_objects(refs: tuple, ts: tuple) -> bool:
+    return all(t is None if r is None else r() is t for r, t in zip(refs, ts))
 
 
 def _known_weights(ts: tuple, device: torch.device, hidden_width: int):
@@ -109,7 +113,7 @@ def _known_weights(ts: tuple, device: torch.device, hidden_width: int):
     if hit is None:
         return None
     refs, stamp, dev, width, known = hit
-    if not all(r() is t for r, t in zip(refs, ts)) or dev != device or width != hidden_width:
+    if not _same_objects(refs, ts) or dev != device or width != hidden_width:
         return None
     return known if _weights_stamp(ts) == stamp else None
 
@@ -118,8 +122,8 @@ def _remember_weights(names: tuple, ts: tuple, device: torch.device, hidden_widt
     ptrs = tuple(_ops.aligned_ptr(n, t) for n, t in zip(names, ts))
     if len(_validated) > 4096:  # weights that come and go (tests): forget them all now and then
         _validated.clear()
-    _validated[tuple(map(id, ts))] = (tuple(map(weakref.ref, ts)), _weights_stamp(ts), device, hidden_width,
-                                      (dims, ptrs))
+    refs = tuple(weakref.ref(t) if t is not None else None for t in ts)  # bf16 weights have no scales
+    _validated[tuple(map(id, ts))] = (refs, _weights_stamp(ts), device, hidden_width, (dims, ptrs))
     return dims, ptrs
 
 
@@ -137,22 +141,31 @@ def _check_hidden(hidden: torch.Tensor) -> None:
 
 
 def _check_ffn_weights(w13, w2, w13_scale, w2_scale, H: int, dev: torch.device) -> tuple:
+    """(E, I, bf16) of valid ffn weights: e4m3 codes with their block scales, or bf16 values without."""
     if not (isinstance(w13, torch.Tensor) and w13.dim() == 3):
         _fail("w13 must be a [E, 2I, H] tensor", TypeError)
     E, two_i = w13.shape[0], w13.shape[1]
     if two_i % 2:
         _fail(f"w13 must have 2I rows (gate, then up), got {two_i}")
     inter = two_i // 2
-    if w13.dtype == torch.bfloat16 or (isinstance(w2, torch.Tensor) and w2.dtype == torch.bfloat16):
-        raise ValueError("loom: BF16 weights do not run on the GPU yet (the BF16 layer is issue 47); quantise them "
-                         "with loom.quantize_weights_fp8 (w13: segments=2)")
-    _check_tensor("w13", w13, _FP8, (E, two_i, H), dev)
-    _check_tensor("w2", w2, _FP8, (E, H, inter), dev)
-    if w13_scale is None or w2_scale is None:
-        _fail("FP8 weights need w13_scale and w2_scale")
-    _check_tensor("w13_scale", w13_scale, torch.float32, (E, 2 * _blocks(inter), _blocks(H)), dev)
-    _check_tensor("w2_scale", w2_scale, torch.float32, (E, _blocks(H), _blocks(inter)), dev)
-    return E, inter
+    bf16 = w13.dtype == torch.bfloat16
+    dtype = torch.bfloat16 if bf16 else _FP8
+    if w13.dtype not in (torch.bfloat16, _FP8):
+        _fail(f"w13 must be {_FP8} (with w13_scale) or torch.bfloat16, got {w13.dtype}", TypeError)
+    if isinstance(w2, torch.Tensor) and w2.dtype != dtype:
+        _fail(f"w13 and w2 must have one dtype ({_FP8} or torch.bfloat16), got {w13.dtype} and {w2.dtype}",
+              TypeError)
+    _check_tensor("w13", w13, dtype, (E, two_i, H), dev)
+    _check_tensor("w2", w2, dtype, (E, H, inter), dev)
+    if bf16:
+        if w13_scale is not None or w2_scale is not None:
+            _fail("bf16 weights take no w13_scale / w2_scale (those are the FP8 block scales)")
+    else:
+        if w13_scale is None or w2_scale is None:
+            _fail("FP8 weights need w13_scale and w2_scale")
+        _check_tensor("w13_scale", w13_scale, torch.float32, (E, 2 * _blocks(inter), _blocks(H)), dev)
+        _check_tensor("w2_scale", w2_scale, torch.float32, (E, _blocks(H), _blocks(inter)), dev)
+    return E, inter, bf16
 
 
 def fused_moe(hidden: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, *, router_logits: Optional[torch.Tensor] = None,
@@ -163,11 +176,12 @@ def fused_moe(hidden: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, *, rout
               deterministic: bool = False, out: Optional[torch.Tensor] = None) -> torch.Tensor:
     """The MoE layer: bf16 out [T, H] = sum over each token's k routes of weight * w2 @ (SiLU(gate) * up),
     (gate; up) = w13 @ hidden, in FP8 (hidden quantised per 1x128 group; weights e4m3 with 128x128
-    block scales; the intermediate re-quantised per 1x128 group).
+    block scales; the intermediate re-quantised per 1x128 group) or in BF16 (bf16 weights, no scales;
+    the intermediate rounded to bf16; each weighted route row rounded to bf16 before the combine).
 
     hidden [T, H] bf16; w13 [E, 2I, H] e4m3 (gate rows, then up rows; vLLM's w13_weight), w13_scale
     [E, 2 ceil(I/128), ceil(H/128)] fp32; w2 [E, H, I] e4m3, w2_scale [E, ceil(H/128), ceil(I/128)]
-    fp32. Routes: router_logits [T, E] (fp32; bf16/fp16 are widened), routed here by `scoring` with
+    fp32; or w13 and w2 in bf16 with no scales. Routes: router_logits [T, E] (fp32; bf16/fp16 are widened), routed here by `scoring` with
     topk, renormalize, softcap, n_group/topk_group and expert_bias (sigmoid) and routed_scaling; or
     precomputed topk_ids [T, k] int32 (int64 narrowed) with topk_weights [T, k] fp32, used as given.
     deterministic: bitwise the same output run to run (no float atomics). out: a bf16 [T, H] tensor
@@ -182,7 +196,7 @@ def fused_moe(hidden: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, *, rout
     if known is None:
         dims = _check_ffn_weights(w13, w2, w13_scale, w2_scale, H, dev)
         known = _remember_weights(_FFN_WEIGHTS, weights, dev, H, dims) if direct else (dims, None)
-    (E, inter), ptrs = known
+    (E, inter, _), ptrs = known
     router_logits, topk_ids, topk_weights = _routing_args(hidden, E, router_logits, topk_ids, topk_weights,
                                                           expert_bias, topk, scoring, n_group, topk_group)
     args = (hidden, w13, w2, w13_scale, w2_scale, router_logits, topk_ids, topk_weights, expert_bias, topk,
@@ -226,22 +240,29 @@ def moe_single(hidden: torch.Tensor, w: torch.Tensor, *, w_scale: torch.Tensor,
     return _ops.moe_single_direct(*args, weight_ptrs=ptrs) if direct else torch.ops.loom.moe_single(*args)
 
 
+def _dtype_code(dtype: str) -> int:
+    if dtype not in ("fp8", "bf16"):
+        _fail(f"dtype must be 'fp8' or 'bf16', got {dtype!r}")
+    return _lib.DTYPE_FP8 if dtype == "fp8" else _lib.DTYPE_BF16
+
+
 def prepare(device, *, max_tokens: int, hidden: int, inter: int, experts: int, topk: int, mode: str = "ffn",
-            renormalize: bool = True, scoring: str = "softmax", softcap: float = 0.0, n_group: int = 1,
-            topk_group: int = 1, routed_scaling: float = 1.0, deterministic: bool = False) -> str:
+            dtype: str = "fp8", renormalize: bool = True, scoring: str = "softmax", softcap: float = 0.0,
+            n_group: int = 1, topk_group: int = 1, routed_scaling: float = 1.0, deterministic: bool = False) -> str:
     """Makes the plans and workspaces for every batch up to max_tokens before a CUDA graph capture
-    (a first eager call does the same for its own T). Returns the largest plan's description."""
+    (a first eager call does the same for its own T). dtype: the weights' ("fp8" or "bf16", ffn
+    only). Returns the largest plan's description."""
     if mode not in ("ffn", "single"):
         _fail(f"mode must be 'ffn' or 'single', got {mode!r}")
-    plan = _ops.prepare(torch.device(device), _lib.MODE_FFN if mode == "ffn" else _lib.MODE_SINGLE, max_tokens,
-                        hidden, inter, experts, topk,
+    plan = _ops.prepare(torch.device(device), _lib.MODE_FFN if mode == "ffn" else _lib.MODE_SINGLE, _dtype_code(dtype),
+                        max_tokens, hidden, inter, experts, topk,
                         _ops._routing_key(scoring, softcap, renormalize, n_group, topk_group, routed_scaling),
                         deterministic)
     return plan.describe()
 
 
 def describe(*, tokens: int, hidden: int, inter: int, experts: int, topk: int, mode: str = "ffn",
-             deterministic: bool = False, device: Optional[str] = None) -> str:
+             dtype: str = "fp8", deterministic: bool = False, device: Optional[str] = None) -> str:
     """What loom would launch for a shape: device None plans for the current GPU, "h200"/"h100" for
     a described one (no GPU needed)."""
     if mode not in ("ffn", "single"):
@@ -249,7 +270,7 @@ def describe(*, tokens: int, hidden: int, inter: int, experts: int, topk: int, m
     o = _lib.default_options()
     o.deterministic = int(deterministic)
     shape = _lib.Shape(tokens, hidden, inter, experts, topk, _lib.MODE_FFN if mode == "ffn" else _lib.MODE_SINGLE,
-                       _lib.DTYPE_FP8)
+                       _dtype_code(dtype))
     return _lib.Plan(shape, _lib.default_routing(), o, device).describe()
 
 

@@ -39,10 +39,10 @@ _last: dict = {}  # device index -> the entry of the last run there (for layer_s
 _lock = threading.Lock()
 
 
-def _entry(device: torch.device, mode: int, tokens: int, hidden: int, inter: int, experts: int, topk: int,
-           routing: tuple, deterministic: bool) -> _Entry:
+def _entry(device: torch.device, mode: int, dtype: int, tokens: int, hidden: int, inter: int, experts: int,
+           topk: int, routing: tuple, deterministic: bool) -> _Entry:
     index = device.index if device.index is not None else torch.cuda.current_device()
-    key = (index, mode, bucket(tokens), hidden, inter, experts, topk, routing, deterministic)
+    key = (index, mode, dtype, bucket(tokens), hidden, inter, experts, topk, routing, deterministic)
     entry = _cache.get(key)
     if entry is not None:
         return entry
@@ -52,7 +52,7 @@ def _entry(device: torch.device, mode: int, tokens: int, hidden: int, inter: int
             "was made before CUDA graph capture, and loom does not allocate inside a capture: run the layer once "
             "eagerly with this shape (or call loom.prepare) before capturing")
     scoring, softcap, renormalize, n_group, topk_group, scale = routing
-    shape = _lib.Shape(bucket(tokens), hidden, inter, experts, topk, mode, _lib.DTYPE_FP8)
+    shape = _lib.Shape(bucket(tokens), hidden, inter, experts, topk, mode, dtype)
     r = _lib.default_routing()
     r.scoring = _lib.SCORING[scoring]
     r.softcap, r.renormalize, r.n_group, r.topk_group, r.scale = softcap, int(renormalize), n_group, topk_group, scale
@@ -142,7 +142,8 @@ def ffn_into(out, hidden, w13, w2, w13_scale, w2_scale, router_logits, topk_ids,
         return
     E, two_i, _ = w13.shape
     device = hidden.device
-    entry = _entry(device, _lib.MODE_FFN, T, H, two_i // 2, E, topk,
+    dtype = _lib.DTYPE_BF16 if w13.dtype == torch.bfloat16 else _lib.DTYPE_FP8
+    entry = _entry(device, _lib.MODE_FFN, dtype, T, H, two_i // 2, E, topk,
                    _routing_key(scoring, softcap, renormalize, n_group, topk_group, routed_scaling), deterministic)
     if weight_ptrs is None:  # (the eager path passes the pointers of the weights it validated)
         weight_ptrs = (aligned_ptr("w13", w13), aligned_ptr("w2", w2), aligned_ptr("w13_scale", w13_scale),
@@ -169,7 +170,7 @@ def moe_single_direct(hidden, w, w_scale, router_logits, topk_ids, topk_weights,
     if T == 0:
         return out
     device = hidden.device
-    entry = _entry(device, _lib.MODE_SINGLE, T, H, N, E, topk,
+    entry = _entry(device, _lib.MODE_SINGLE, _lib.DTYPE_FP8, T, H, N, E, topk,
                    _routing_key(scoring, softcap, renormalize, n_group, topk_group, routed_scaling), deterministic)
     if weight_ptrs is None:
         weight_ptrs = (aligned_ptr("w", w), aligned_ptr("w_scale", w_scale))
@@ -190,8 +191,8 @@ _ROUTING = ("Tensor? router_logits, Tensor? topk_ids, Tensor? topk_weights, Tens
             "bool renormalize, str scoring, float softcap, int n_group, int topk_group, float routed_scaling, "
             "bool deterministic")
 _def = torch.library.Library("loom", "DEF")
-_def.define(f"fused_moe(Tensor hidden, Tensor w13, Tensor w2, Tensor w13_scale, Tensor w2_scale, {_ROUTING}) -> Tensor")
-_def.define(f"fused_moe_out(Tensor(a!) out, Tensor hidden, Tensor w13, Tensor w2, Tensor w13_scale, Tensor w2_scale, "
+_def.define(f"fused_moe(Tensor hidden, Tensor w13, Tensor w2, Tensor? w13_scale, Tensor? w2_scale, {_ROUTING}) -> Tensor")
+_def.define(f"fused_moe_out(Tensor(a!) out, Tensor hidden, Tensor w13, Tensor w2, Tensor? w13_scale, Tensor? w2_scale, "
             f"{_ROUTING}) -> ()")
 _def.define(f"moe_single(Tensor hidden, Tensor w, Tensor w_scale, {_ROUTING}) -> Tensor")
 _def.impl("fused_moe", fused_moe_direct, "CUDA")
@@ -217,12 +218,13 @@ def _(hidden, w, w_scale, router_logits, topk_ids, topk_weights, expert_bias, to
     return hidden.new_empty((hidden.shape[0], w.shape[1]), dtype=torch.float32)
 
 
-def prepare(device: torch.device, mode: int, max_tokens: int, hidden: int, inter: int, experts: int, topk: int,
-            routing: tuple, deterministic: bool) -> _lib.Plan:
+def prepare(device: torch.device, mode: int, dtype: int, max_tokens: int, hidden: int, inter: int, experts: int,
+            topk: int, routing: tuple, deterministic: bool) -> _lib.Plan:
     """Makes (or finds) the plan and workspace for every bucket up to max_tokens."""
     t = MIN_BUCKET
     while True:
-        entry = _entry(device, mode, min(t, max(max_tokens, 1)), hidden, inter, experts, topk, routing, deterministic)
+        entry = _entry(device, mode, dtype, min(t, max(max_tokens, 1)), hidden, inter, experts, topk, routing,
+                       deterministic)
         if t >= max_tokens:
             return entry.plan
         t *= 2

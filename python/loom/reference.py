@@ -51,26 +51,47 @@ def route(router_logits: torch.Tensor, topk: int, *, renormalize: bool = True, s
     return ids.to(torch.int32), (weights * routed_scaling).float()
 
 
-def _combine(T: int, cols: int, topk_ids: torch.Tensor, topk_weights: torch.Tensor, expert_rows, device):
+def _combine(T: int, cols: int, topk_ids: torch.Tensor, topk_weights: torch.Tensor, expert_rows, device,
+             bf16_rows: bool = False):
+    """sum over each token's routes of weight * its expert's row, in double; bf16_rows: each weighted
+    route row rounded to bf16 first (as the BF16 layer's GEMM 2 stores it)."""
     out = torch.zeros(T, cols, dtype=torch.float64, device=device)
     E = len(expert_rows)
     for e in range(E):
         tok, slot = torch.nonzero(topk_ids == e, as_tuple=True)
         if tok.numel() == 0:
             continue
-        y = expert_rows[e](tok)
-        out.index_add_(0, tok, y * topk_weights[tok, slot].double()[:, None])
+        y = expert_rows[e](tok) * topk_weights[tok, slot].double()[:, None]
+        if bf16_rows:
+            y = y.float().to(torch.bfloat16).double()
+        out.index_add_(0, tok, y)
     return out
 
 
-def fused_moe_reference(hidden: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, w13_scale: torch.Tensor,
-                        w2_scale: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor) -> torch.Tensor:
-    """The FP8 ffn layer: hidden bf16 [T, H] quantised 1x128, w13 [E, 2I, H] and w2 [E, H, I] e4m3 with
-    128x128 scales; SiLU(gate)*up rounded to fp32 and re-quantised 1x128; bf16 out [T, H]. Routes
-    with ids outside [0, E) add nothing."""
+def fused_moe_reference(hidden: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, w13_scale, w2_scale,
+                        topk_ids: torch.Tensor, topk_weights: torch.Tensor) -> torch.Tensor:
+    """The ffn layer. FP8: hidden bf16 [T, H] quantised 1x128, w13 [E, 2I, H] and w2 [E, H, I] e4m3
+    with 128x128 scales; SiLU(gate)*up rounded to fp32 and re-quantised 1x128. BF16 (bf16 w13 and
+    w2, scales None): SiLU(gate)*up rounded to fp32 then bf16; each weighted route row rounded to
+    bf16 before the sum. bf16 out [T, H]. Routes with ids outside [0, E) add nothing."""
     T, H = hidden.shape
     E, two_i, _ = w13.shape
     inter = two_i // 2
+    if w13.dtype == torch.bfloat16:
+        xb = hidden.double()
+
+        def bf16_expert(e):
+            w1, wd = w13[e].double(), w2[e].double()
+
+            def rows(tok):
+                h = xb[tok] @ w1.T
+                gate, up = h[:, :inter], h[:, inter:]
+                act = (gate / (1.0 + torch.exp(-gate)) * up).float().to(torch.bfloat16).double()
+                return act @ wd.T
+            return rows
+
+        out = _combine(T, H, topk_ids, topk_weights, [bf16_expert(e) for e in range(E)], hidden.device, bf16_rows=True)
+        return out.float().to(torch.bfloat16)
     xq, xs = quantize_activations_fp8(hidden)
     x = dequantize(xq, xs, 1).double()
 

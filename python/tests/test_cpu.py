@@ -59,6 +59,9 @@ def test_meta_tensors_give_the_output_shape():
     out = call(a, router_logits=None, topk_ids=ids, topk_weights=torch.empty(5, 2, device="meta"))
     assert out.shape == (5, 256)
     m = torch.device("meta")
+    bf = dict(a, w13=torch.empty(8, 256, 256, dtype=torch.bfloat16, device="meta"),
+              w2=torch.empty(8, 256, 128, dtype=torch.bfloat16, device="meta"), w13_scale=None, w2_scale=None)
+    assert call(bf).shape == (5, 256)  # bf16 weights, no scales
     single = loom.moe_single(torch.empty(3, 256, dtype=torch.bfloat16, device=m),
                              torch.empty(8, 512, 256, dtype=FP8, device=m), w_scale=torch.empty(8, 4, 2, device=m),
                              router_logits=torch.empty(3, 8, device=m), topk=2)
@@ -70,7 +73,9 @@ def test_meta_tensors_give_the_output_shape():
     (dict(hidden=torch.empty(5, 256, 2, dtype=torch.bfloat16, device="meta")), ValueError, r"hidden must be \[T, H\]"),
     (dict(hidden=torch.empty(256, 5, dtype=torch.bfloat16, device="meta").t()), ValueError, "hidden must be contiguous"),
     (dict(hidden=torch.empty(5, 256, dtype=torch.bfloat16)), ValueError, "CUDA device"),
-    (dict(w13=torch.empty(8, 256, 256, dtype=torch.bfloat16, device="meta")), ValueError, "issue 47"),
+    (dict(w13=torch.empty(8, 256, 256, dtype=torch.bfloat16, device="meta")), TypeError, "one dtype"),
+    (dict(w13=torch.empty(8, 256, 256, dtype=torch.bfloat16, device="meta"),
+          w2=torch.empty(8, 256, 128, dtype=torch.bfloat16, device="meta")), ValueError, "take no w13_scale"),
     (dict(w13=torch.empty(8, 256, 256, dtype=torch.int8, device="meta")), TypeError, "w13 must be torch.float8"),
     (dict(w2=torch.empty(8, 256, 64, dtype=FP8, device="meta")), ValueError, r"w2 must have shape \(8, 256, 128\)"),
     (dict(w13_scale=None), ValueError, "need w13_scale"),
