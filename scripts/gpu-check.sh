@@ -10,7 +10,7 @@
 #   SANITIZE_FILTER, SANITIZE_SECONDS, SANITIZE_JOBS: see scripts/sanitize.sh
 #   SKIP_PEAKS       set: skip `loom peaks`
 #   SKIP_PYTHON      set: skip the Python package's pytest, tools/torch_bench.py, the example and
-#                    tools/bf16_peers.py (run where torch is)
+#                    tools/bf16_peers.py (after the bench runs; run where torch is)
 #   SKIP_SKELETON    set: skip the lab's probes (`loom-lab skeleton`, `gather-probe`, `stream-probe`,
 #                    `warp-probe`; ~10 s; a build with the lab only)
 #   CHECK_BENCH      `loom bench` runs, ';'-separated argument lists (default: docs/perf/current.md's;
@@ -75,11 +75,6 @@ if [ -z "${SKIP_PYTHON:-}" ] && python3 -c "import torch, pytest" 2>/dev/null; t
   LOOM_LIBRARY=$PWD/$build/src/libloom.so PYTHONPATH=$PWD/python \
     python3 examples/torch_moe_layer.py > "$out/logs/example.txt" 2>&1
   note "example: rc=$? $(tail -1 "$out/logs/example.txt")"
-  # The BF16 layer's peers (issue 47) on the preset h200-bf16's shape, loom's GPU rows beside them
-  # once its BF16 path runs.
-  python3 tools/bf16_peers.py --json "$out/logs/bf16_peers.json" > "$out/logs/bf16_peers.txt" 2>&1
-  note "bf16_peers: rc=$?"
-  cat "$out/logs/bf16_peers.txt" >> "$summary"
 fi
 
 # compute-sanitizer over every GPU test (scripts/sanitize.sh: a process per test and tool, several
@@ -104,7 +99,7 @@ fi
 # skewed distributions; the same for the ffn layer (qwen35-layer); the glue where few experts make
 # its bins contend (H 4096, E 8, k 2).
 runs=()
-[ "${CHECK_BENCH:-}" != "-" ] && IFS=';' read -r -a runs <<< "${CHECK_BENCH:---preset qwen35-single --tokens 1,8,32,128,512,2048,8192;--preset qwen35-single --tokens 1,128,2048 --deterministic;--preset qwen35-single --tokens 1,128 --no-pdl --no-check;--preset qwen35-single --tokens 1,128 --eager --no-check;--preset qwen35-single --dist zipf:1.2 --no-check;--preset qwen35-single --dist hot:0.9 --no-check;--preset qwen35-single --dist concentrated --no-check;--preset qwen35-layer --tokens 1,8,32,128,512,2048,8192;--preset qwen35-layer --tokens 1,8,32,128,512,2048,8192 --deterministic;--preset qwen35-layer --tokens 1,128,2048,8192 --dist zipf:1.2 --no-check;--preset qwen35-layer --tokens 1,128,2048,8192 --dist hot:0.9 --no-check;--preset qwen35-single --hidden 4096 --experts 8 --topk 2 --tokens 1,128,4096,16384 --no-check}"
+[ "${CHECK_BENCH:-}" != "-" ] && IFS=';' read -r -a runs <<< "${CHECK_BENCH:---preset qwen35-single --tokens 1,8,32,128,512,2048,8192;--preset qwen35-single --tokens 1,128,2048 --deterministic;--preset qwen35-single --tokens 1,128 --no-pdl --no-check;--preset qwen35-single --tokens 1,128 --eager --no-check;--preset qwen35-single --dist zipf:1.2 --no-check;--preset qwen35-single --dist hot:0.9 --no-check;--preset qwen35-single --dist concentrated --no-check;--preset qwen35-layer --tokens 1,8,32,128,512,2048,8192;--preset qwen35-layer --tokens 1,8,32,128,512,2048,8192 --deterministic;--preset qwen35-layer --tokens 1,128,2048,8192 --dist zipf:1.2 --no-check;--preset qwen35-layer --tokens 1,128,2048,8192 --dist hot:0.9 --no-check;--preset qwen35-single --hidden 4096 --experts 8 --topk 2 --tokens 1,128,4096,16384 --no-check;--preset h200-bf16 --tokens 512,2048,8192,32768}"
 : > "$out/logs/bench-manifest.tsv"
 i=0
 for run in "${runs[@]}"; do
@@ -114,6 +109,16 @@ for run in "${runs[@]}"; do
   note "bench$i ($run): rc=$?"
   printf 'bench%s.json\t%s\n' "$i" "$run" >> "$out/logs/bench-manifest.tsv"
 done
+# The BF16 layer's peers (issue 47) on the preset h200-bf16's shape, beside loom's rows of the
+# same shape where a bench run above measured them.
+if [ -z "${SKIP_PYTHON:-}" ] && python3 -c "import torch" 2>/dev/null; then
+  bf16_json=$(awk -F'\t' '$2 ~ /--preset h200-bf16/ && $2 !~ /--(hidden|inter|experts|topk) / { print $1; exit }' \
+    "$out/logs/bench-manifest.tsv")
+  python3 tools/bf16_peers.py ${bf16_json:+--loom-json "$out/logs/$bf16_json"} --json "$out/logs/bf16_peers.json" \
+    > "$out/logs/bf16_peers.txt" 2>&1
+  note "bf16_peers: rc=$?"
+  cat "$out/logs/bf16_peers.txt" >> "$summary"
+fi
 if [ "$i" -gt 0 ]; then
   python3 scripts/perf_current.py "$out/logs/bench-manifest.tsv" > "$out/current.md" 2> "$out/logs/current.err"
   note "current.md: rc=$?"
