@@ -277,13 +277,18 @@ void measure_gpu(const BenchOptions& opt, const Plan& plan, const Shape& s, cons
   const int64_t touched = r.work.bytes();
   const ColdPlan cold = plan_cold_l2(touched, dev.l2_bytes, opt.max_copies);
   weights.ensure_copies(cold.copies);
+  const bool fp8 = s.dtype == DType::fp8;  // bf16 weights have no scales
+  if (fp8) {  // uploaded now, not inside a timed (captured) lambda
+    weights.w1_scales();
+    if (s.mode == Mode::ffn) weights.w2_scales();
+  }
   auto weights_of = [&](int c) {
     Weights w;
     w.w1 = weights.w1(c).get();
-    w.w1_scales = weights.w1_scales().as<float>();
+    if (fp8) w.w1_scales = weights.w1_scales().as<float>();
     if (s.mode == Mode::ffn) {
       w.w2 = weights.w2(c).get();
-      w.w2_scales = weights.w2_scales().as<float>();
+      if (fp8) w.w2_scales = weights.w2_scales().as<float>();
     }
     return w;
   };
