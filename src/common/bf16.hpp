@@ -1,6 +1,7 @@
 // Host-side bfloat16: storage type and exact conversions (round to nearest even, NaN stays NaN).
 #pragma once
 
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 
@@ -27,5 +28,20 @@ inline bf16 float_to_bf16(float f) {
 }
 
 inline float round_to_bf16(float f) { return bf16_to_float(float_to_bf16(f)); }
+
+// Round a double to bf16 in one step (no double rounding through fp32): round to fp32 with the
+// inexact bit folded into the last place ("round to odd"), then to bf16 by nearest even. fp32 keeps
+// 16 bits below bf16's 8, enough for the odd bit to break every would-be tie the right way.
+inline float round_double_to_bf16(double v) {
+  float f = float(v);
+  if (!std::isnan(v) && double(f) != v) {
+    if (std::fabs(double(f)) > std::fabs(v)) f = std::nextafter(f, 0.0f);  // towards zero
+    uint32_t u;
+    std::memcpy(&u, &f, 4);
+    u |= 1u;
+    std::memcpy(&f, &u, 4);
+  }
+  return round_to_bf16(f);
+}
 
 }  // namespace loom

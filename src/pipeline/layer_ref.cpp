@@ -14,21 +14,6 @@ namespace loom {
 
 namespace {
 
-// Round a double to bf16 in one step (no double rounding through fp32): round to fp32 with the
-// inexact bit folded into the last place ("round to odd"), then to bf16 by nearest even. fp32 keeps
-// 16 bits below bf16's 8, enough for the odd bit to break every would-be tie the right way.
-float round_double_to_bf16(double v) {
-  float f = float(v);
-  if (!std::isnan(v) && double(f) != v) {
-    if (std::fabs(double(f)) > std::fabs(v)) f = std::nextafter(f, 0.0f);  // towards zero
-    uint32_t u;
-    std::memcpy(&u, &f, 4);
-    u |= 1u;
-    std::memcpy(&f, &u, 4);
-  }
-  return round_to_bf16(f);
-}
-
 int64_t matrix_bytes(const ExpertWeights& v) {
   if (v.dtype == DType::bf16) return v.rows * v.cols * int64_t(sizeof(bf16));
   return v.rows * v.cols + weight_row_blocks(v.rows, v.segment_rows) * quant_blocks(v.cols) * int64_t(sizeof(float));

@@ -20,9 +20,21 @@ __device__ double decode_e4m3(uint8_t code) {
   return double(__half2float(__half(h)));
 }
 
+__device__ double decode_bf16(uint16_t bits) { return double(__uint_as_float(uint32_t(bits) << 16)); }
+
+// An operand element in double: fp8, code x its block's scale; bf16 (no scales), the value.
+template <bool kBf16>
+__device__ double element(const void* p, int64_t i, const float* scales, int64_t s) {
+  if constexpr (kBf16)
+    return decode_bf16(static_cast<const uint16_t*>(p)[i]);
+  else
+    return decode_e4m3(static_cast<const uint8_t*>(p)[i]) * double(scales[s]);
+}
+
 // Block: 32 sorted rows of one expert x 32 output columns; K in tiles of 32 through shared memory.
 // Weight rows form segments of seg rows (w13: gate, then up), each in its own 128-row blocks.
-__global__ void reference_gemm_kernel(const uint8_t* a, const float* a_scales, const uint8_t* w, const float* w_scales,
+template <bool kBf16>
+__global__ void reference_gemm_kernel(const void* a, const float* a_scales, const void* w, const float* w_scales,
                                       const int2* tiles, int n, int k, int seg, int nblocks, int kblocks, double* y) {
   __shared__ double as[kTile][kTile + 1];
   __shared__ double ws[kTile][kTile + 1];
@@ -35,12 +47,12 @@ __global__ void reference_gemm_kernel(const uint8_t* a, const float* a_scales, c
     for (int i = threadIdx.x; i < kTile * kTile; i += blockDim.x) {
       const int r = i / kTile, kk = i % kTile, gk = k0 + kk;
       const int64_t row = row0 + r;
-      as[r][kk] = gk < k ? decode_e4m3(a[row * k + gk]) * double(a_scales[row * kblocks + gk / 128]) : 0.0;
+      as[r][kk] = gk < k ? element<kBf16>(a, row * k + gk, a_scales, row * kblocks + gk / 128) : 0.0;
       const int gn = n0 + r;
       ws[r][kk] = (gk < k && gn < n)
-                      ? decode_e4m3(w[(int64_t(e) * n + gn) * k + gk]) *
-                            double(w_scales[(int64_t(e) * nblocks + gn / seg * ((seg + 127) / 128) + gn % seg / 128) *
-                                                kblocks + gk / 128])
+                      ? element<kBf16>(w, (int64_t(e) * n + gn) * k + gk, w_scales,
+                                       (int64_t(e) * nblocks + gn / seg * ((seg + 127) / 128) + gn % seg / 128) *
+                                               kblocks + gk / 128)
                       : 0.0;
     }
     __syncthreads();
@@ -93,9 +105,24 @@ std::vector<double> grouped_gemm_gpu(const PaddedRows& p, const std::vector<uint
   bench::DeviceBuffer dt = bench::DeviceBuffer::from(p.tiles);
   bench::DeviceBuffer dy(size_t(p.rows * N) * sizeof(double));
   const dim3 grid(unsigned(p.tiles.size()), unsigned((N + kTile - 1) / kTile));
-  reference_gemm_kernel<<<grid, 256>>>(da.as<uint8_t>(), das.as<float>(), dw.as<uint8_t>(), dws.as<float>(),
-                                       dt.as<int2>(), int(N), int(K), int(seg), int(weight_row_blocks(N, seg)),
-                                       int(quant_blocks(K)), dy.as<double>());
+  reference_gemm_kernel<false><<<grid, 256>>>(da.get(), das.as<float>(), dw.get(), dws.as<float>(), dt.as<int2>(),
+                                              int(N), int(K), int(seg), int(weight_row_blocks(N, seg)),
+                                              int(quant_blocks(K)), dy.as<double>());
+  LOOM_CUDA_CHECK_LAUNCH();
+  LOOM_CUDA_CHECK(cudaDeviceSynchronize());
+  return dy.to_host<double>();
+}
+
+// The same for bf16 rows [rows, K] and bf16 weights [E, N, K] (no scales).
+std::vector<double> grouped_gemm_bf16_gpu(const PaddedRows& p, const std::vector<bf16>& a, const std::vector<bf16>& w,
+                                          int64_t N, int64_t K) {
+  if (p.tiles.empty()) return {};
+  bench::DeviceBuffer da = bench::DeviceBuffer::from(a), dw = bench::DeviceBuffer::from(w);
+  bench::DeviceBuffer dt = bench::DeviceBuffer::from(p.tiles);
+  bench::DeviceBuffer dy(size_t(p.rows * N) * sizeof(double));
+  const dim3 grid(unsigned(p.tiles.size()), unsigned((N + kTile - 1) / kTile));
+  reference_gemm_kernel<true><<<grid, 256>>>(da.get(), nullptr, dw.get(), nullptr, dt.as<int2>(), int(N), int(K),
+                                             int(N), 1, 1, dy.as<double>());
   LOOM_CUDA_CHECK_LAUNCH();
   LOOM_CUDA_CHECK(cudaDeviceSynchronize());
   return dy.to_host<double>();
@@ -170,6 +197,36 @@ std::vector<double> reference_ffn_fp8_gpu(const LayerWeights& w, const std::vect
     }
   }
   return combine(p, topk, grouped_gemm_gpu(p, a2, as2, w.w2_q, w.w2_scales, H, I, H), H);
+}
+
+std::vector<double> reference_ffn_bf16_gpu(const LayerWeights& w, const std::vector<bf16>& hidden, const TopK& topk) {
+  const Shape& s = w.shape;
+  const int64_t I = s.inter, H = s.hidden, routes = topk.tokens * s.topk;
+  const PaddedRows p = pad_rows(s, topk);
+  if (p.tiles.empty()) return std::vector<double>(size_t(topk.tokens * H), 0.0);
+  std::vector<bf16> a(size_t(p.rows * H));  // padding rows: zeros
+  for (int64_t route = 0; route < routes; ++route) {
+    const int64_t prow = p.route_row[size_t(route)];
+    if (prow >= 0) std::copy_n(&hidden[size_t(route / s.topk * H)], H, &a[size_t(prow * H)]);
+  }
+  const std::vector<double> h = grouped_gemm_bf16_gpu(p, a, w.w1, 2 * I, H);
+  // act in double, rounded to fp32 then bf16, as layer_ref's bf16 path.
+  std::vector<float> act(size_t(p.rows * I));
+  silu_mul_ref(h.data(), p.rows, I, act.data());
+  std::vector<bf16> a2(act.size());
+  for (size_t i = 0; i < act.size(); ++i) a2[i] = float_to_bf16(act[i]);
+  const std::vector<double> y = grouped_gemm_bf16_gpu(p, a2, w.w2, H, I);
+  // Each weighted route row rounded to bf16 (GEMM 2's stores), summed in slot order.
+  std::vector<double> out(size_t(topk.tokens * H), 0.0);
+  for (int64_t t = 0; t < topk.tokens; ++t)
+    for (int64_t j = 0; j < s.topk; ++j) {
+      const int64_t prow = p.route_row[size_t(t * s.topk + j)];
+      if (prow < 0) continue;
+      const double wt = topk.weights[size_t(t * s.topk + j)];
+      for (int64_t n = 0; n < H; ++n)
+        out[size_t(t * H + n)] += double(round_double_to_bf16(wt * y[size_t(prow * H + n)]));
+    }
+  return out;
 }
 
 }  // namespace loom::test

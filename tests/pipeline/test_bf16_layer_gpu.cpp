@@ -7,12 +7,14 @@
 
 #include <algorithm>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "bench/device_buffer.hpp"
 #include "common/bf16.hpp"
 #include "gpu_test.hpp"
 #include "loom/loom.hpp"
+#include "pipeline/gpu_reference.cuh"
 #include "pipeline/layer_ref.hpp"
 #include "test_seed.hpp"
 #include "workload/workload.hpp"
@@ -27,6 +29,7 @@ struct Bf16LayerCase {
   const char* dist;
   bool from_logits = true;  // random distribution only
   int64_t plan_tokens = 0;  // > tokens: a plan for more tokens than the run carries
+  bool gpu_reference = false;  // large shapes: the independent GPU reference instead of layer_ref
 };
 
 // Both combine options (the same kernels for bf16 today) against one reference.
@@ -47,7 +50,9 @@ void run_case(const Bf16LayerCase& c, uint64_t seed) {
     dids = DeviceBuffer::from(routes.topk.ids);
     dwts = DeviceBuffer::from(routes.topk.weights);
   }
-  const LayerResult ref = layer_ref(w, hidden.data(), routes.topk, nullptr, /*bf16_route_rows=*/true);
+  const std::vector<double> ref = c.gpu_reference
+                                      ? test::reference_ffn_bf16_gpu(w, hidden, routes.topk)
+                                      : layer_ref(w, hidden.data(), routes.topk, nullptr, /*bf16_route_rows=*/true).out;
   for (const bool deterministic : {false, true}) {
     SCOPED_TRACE(deterministic ? "deterministic" : "fast");
     Options o;
@@ -82,7 +87,7 @@ void run_case(const Bf16LayerCase& c, uint64_t seed) {
 
     std::vector<float> g(got.size());
     for (size_t i = 0; i < got.size(); ++i) g[i] = bf16_to_float(bf16{got[i]});
-    const ErrorStats e = relative_error(g.data(), ref.out.data(), s.tokens, s.hidden);
+    const ErrorStats e = relative_error(g.data(), ref.data(), s.tokens, s.hidden);
     EXPECT_LE(e.overall, 2e-3);
     EXPECT_LE(e.worst_row, 1e-2) << "worst token row " << e.worst_row_index;
 
@@ -124,6 +129,31 @@ TEST(Bf16LayerGpu, MatchesTheReferenceStableAndAsAGraph) {
   LOOM_REQUIRE_GPU();
   LOOM_FRESH_SEED();
   for (const Bf16LayerCase& c : cases()) run_case(c, seed);
+}
+
+// Prefill shapes (the preset's, and one with widths no tile divides) against the independent GPU
+// reference, which itself agrees with layer_ref on small shapes.
+TEST(Bf16LayerGpu, PrefillAgainstTheGpuReference) {
+  LOOM_REQUIRE_GPU();
+  LOOM_FRESH_SEED();
+  for (const auto& [T, H, I, E, k, dist] :
+       {std::tuple{64, 1024, 1536, 16, 8, "random"}, std::tuple{40, 2880, 1024, 64, 2, "zipf:1.2"}}) {
+    SCOPED_TRACE(testing::Message() << "reference agreement T=" << T << " H=" << H << " I=" << I);
+    const Shape s{T, H, I, E, k, Mode::ffn, DType::bf16};
+    const LayerWeights w = make_weights(s, seed, WeightValues::normal);
+    const Routes routes = make_routes(s, Routing{}, parse_distribution(dist), seed + 1);
+    const std::vector<bf16> hidden = make_hidden(s, seed + 2);
+    const std::vector<double> gpu = test::reference_ffn_bf16_gpu(w, hidden, routes.topk);
+    const LayerResult cpu = layer_ref(w, hidden.data(), routes.topk, nullptr, true);
+    std::vector<float> g(gpu.begin(), gpu.end());
+    const ErrorStats e = relative_error(g.data(), cpu.out.data(), T, H);
+    EXPECT_LE(e.overall, 1e-6);  // the same rounding points; only the double sums' order differs
+  }
+  if (!test::sanitizer().empty()) return;  // the large shapes: plain runs only
+  for (const Bf16LayerCase& c : {Bf16LayerCase{2048, 3072, 1536, 16, 8, "random", true, 0, true},
+                                 Bf16LayerCase{8192, 3072, 1536, 16, 8, "random", true, 0, true},
+                                 Bf16LayerCase{2048, 2880, 2880, 64, 8, "zipf:1.2", false, 0, true}})
+    run_case(c, seed);
 }
 
 TEST(Bf16LayerGpu, ZeroTokensLaunchNothing) {
