@@ -1,13 +1,36 @@
 // The BF16 grouped GEMM's host entry: checks, TMA descriptors, arguments, launch.
 #include <cuda.h>
 
+#include <algorithm>
+#include <map>
+#include <mutex>
 #include <string>
 
+#include "common/cuda_check.hpp"
 #include "common/tensor_map.hpp"
 #include "gemm/gemm_bf16.hpp"
 #include "gemm/instances/instances.cuh"
 
 namespace loom {
+
+namespace {
+
+// The pairs the current device holds at once, asked once per device (an SM group with an odd SM
+// count leaves one SM out of the pairs).
+template <class Kernel>
+int resident_pairs() {
+  static std::mutex m;
+  static std::map<int, int> by_device;
+  int dev = 0;
+  LOOM_CUDA_CHECK(cudaGetDevice(&dev));
+  std::lock_guard<std::mutex> lock(m);
+  auto it = by_device.find(dev);
+  if (it == by_device.end())
+    it = by_device.emplace(dev, gemm::max_active_clusters<Kernel>(gemm::launch_smem_bytes<Kernel>)).first;
+  return it->second;
+}
+
+}  // namespace
 
 void launch_gemm_bf16(const GemmBf16Params& p, const DeviceInfo& device, cudaStream_t stream, bool pdl) {
   namespace tm = gemm::bf16_tokens_on_m;
@@ -19,6 +42,7 @@ void launch_gemm_bf16(const GemmBf16Params& p, const DeviceInfo& device, cudaStr
   if (act && (p.inter <= 0 || p.n != 2 * p.inter))
     throw Error(who + "the SiLU*up epilogue runs w13: N = 2 inter, got N=" + std::to_string(p.n) + ", inter=" +
                 std::to_string(p.inter));
+  if (p.cluster != 1 && p.cluster != 2) throw Error(who + "cluster must be 1 or 2, got " + std::to_string(p.cluster));
   if (p.experts <= 0 || p.experts > kGpuMaxExperts)
     throw Error(who + "experts must be in [1, " + std::to_string(kGpuMaxExperts) + "]");
   if (!p.weights || !p.x || !p.offsets || !p.out) throw Error(who + "null device pointer");
@@ -45,12 +69,22 @@ void launch_gemm_bf16(const GemmBf16Params& p, const DeviceInfo& device, cudaStr
   a.col_blocks = act ? (p.inter + tm::kBoxRows - 1) / tm::kBoxRows : (p.n + tm::kTileCols - 1) / tm::kTileCols;
   a.inter = p.inter;
   a.store_bf16 = p.store_bf16 ? 1 : 0;
-  // Persistent: one CTA per SM; the row tiles are known only on the device.
+  // Persistent: one CTA per SM (pairs: as many as fit at once); the row tiles are known only on the
+  // device.
   using namespace gemm;
+  if (p.cluster == 1) {
+    if (act)
+      launch_grouped_gemm<Sm90Bf16TmAct>(maps, a, device.sm_count, launch_smem_bytes<Sm90Bf16TmAct>, stream, pdl);
+    else
+      launch_grouped_gemm<Sm90Bf16TmRows>(maps, a, device.sm_count, launch_smem_bytes<Sm90Bf16TmRows>, stream, pdl);
+    return;
+  }
+  const int pairs = std::min(device.sm_count / 2, act ? resident_pairs<Sm90Bf16TmActPair>() : resident_pairs<Sm90Bf16TmRowsPair>());
+  if (pairs < 1) throw Error(who + "no CTA pair fits on the device");
   if (act)
-    launch_grouped_gemm<Sm90Bf16TmAct>(maps, a, device.sm_count, launch_smem_bytes<Sm90Bf16TmAct>, stream, pdl);
+    launch_grouped_gemm<Sm90Bf16TmActPair>(maps, a, 2 * pairs, launch_smem_bytes<Sm90Bf16TmActPair>, stream, pdl);
   else
-    launch_grouped_gemm<Sm90Bf16TmRows>(maps, a, device.sm_count, launch_smem_bytes<Sm90Bf16TmRows>, stream, pdl);
+    launch_grouped_gemm<Sm90Bf16TmRowsPair>(maps, a, 2 * pairs, launch_smem_bytes<Sm90Bf16TmRowsPair>, stream, pdl);
 }
 
 }  // namespace loom

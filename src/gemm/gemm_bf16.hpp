@@ -38,6 +38,9 @@ struct GemmBf16Params {
   bool store_bf16 = false;
   int inter = 0;                    // act: I (N = 2I; w13's gate rows 0..I-1, up rows I..2I-1)
   int experts = 0, n = 0, k = 0;
+  // 2: CTAs in pairs (thread-block clusters), a pair per 256 expert rows, each CTA loading half of
+  // the unit's weight rows and multicasting it to both (half the weight bytes from L2 per CTA).
+  int cluster = 1;
 };
 
 // Launches the kernel, one persistent CTA per SM of `device`. Throws loom::Error for what it cannot

@@ -21,6 +21,10 @@
 
 namespace loom {
 
+// The BF16 kernel's names where a config key would be (GemmBf16Params::cluster 1 and 2).
+constexpr const char* kBf16GemmName = "bf16.tM.128x256";
+constexpr const char* kBf16PairKey = "bf16.tM.128x256.pair";
+
 namespace {
 
 // Routes from which the routing kernel hands dispatch+quantise its token masks (counting the ids
@@ -240,11 +244,13 @@ Launches decide_ffn(const Shape& s, const Routing& r, const Options& o, const De
 
 // dtype bf16 (the ffn layer): routing (from logits), the dispatch, the gather of the bf16 rows
 // into expert-sorted order, GEMM 1 with the SiLU*up epilogue, GEMM 2 storing bf16 route rows, and
-// the combine (bitwise deterministic in both modes until a reducing epilogue lands).
+// the combine (bitwise deterministic in both modes until a reducing epilogue lands). The GEMMs run
+// on single CTAs (kBf16GemmName) or, by key, on CTA pairs sharing the weights (kBf16PairKey).
 Launches decide_bf16(const Shape& s, const Options& o, int64_t tokens) {
   Launches l;
   l.ffn = true;
   l.bf16 = true;
+  l.bf16_cluster = o.gemm_config == kBf16PairKey ? 2 : 1;
   l.combine_rows = true;
   l.chain.sorted_rows = true;
   l.chain.dispatch_small = o.fuse_small_batch && dispatch_small_fits(int(tokens), int(s.topk), int(s.experts));
@@ -253,7 +259,8 @@ Launches decide_bf16(const Shape& s, const Options& o, int64_t tokens) {
 
 bool same(const Launches& a, const Launches& b) {
   return a.chain == b.chain && key(a.gemm) == key(b.gemm) && a.combine_rows == b.combine_rows && a.error == b.error &&
-         a.ffn == b.ffn && a.bf16 == b.bf16 && (!a.ffn || key(a.gemm2) == key(b.gemm2));
+         a.ffn == b.ffn && a.bf16 == b.bf16 && a.bf16_cluster == b.bf16_cluster &&
+         (!a.ffn || key(a.gemm2) == key(b.gemm2));
 }
 
 std::vector<PlanBuckets::Bucket> make_buckets(const Shape& s, const Routing& r, const Options& o,
@@ -330,8 +337,11 @@ Plan plan(const Shape& s, const Routing& r, const Options& o, const DeviceSpec& 
   const bool bf16 = s.dtype == DType::bf16;
   if (bf16 && s.mode != Mode::ffn)
     throw Error("dtype bf16 runs the ffn layer (mode ffn); the one-GEMM single mode is fp8 only");
-  if (bf16 && (!o.gemm_config.empty() || !o.gemm2_config.empty()))
-    throw Error("gemm_config and gemm2_config name FP8 GEMM configs; the bf16 layer has one GEMM kernel");
+  if (bf16 && ((!o.gemm_config.empty() && o.gemm_config != kBf16GemmName && o.gemm_config != kBf16PairKey) ||
+               !o.gemm2_config.empty()))
+    throw Error(std::string("the bf16 layer's GEMM configs are ") + kBf16GemmName + " and " + kBf16PairKey +
+                " (gemm_config; both GEMMs), got gemm_config '" + o.gemm_config + "', gemm2_config '" +
+                o.gemm2_config + "'");
   if (s.experts > kGpuMaxExperts)
     throw Error("experts = " + std::to_string(s.experts) + " exceeds the GPU limit " + std::to_string(kGpuMaxExperts));
   if (s.topk > kGpuMaxTopk)
@@ -342,7 +352,7 @@ Plan plan(const Shape& s, const Routing& r, const Options& o, const DeviceSpec& 
   if (!o.gemm2_config.empty() && s.mode != Mode::ffn)
     throw Error("gemm2_config is ffn GEMM 2's: single mode has one GEMM (gemm_config)");
   std::optional<GemmConfig> override_config;
-  if (!o.gemm_config.empty()) {
+  if (!o.gemm_config.empty() && !bf16) {
     override_config = parse_gemm_key(o.gemm_config);  // ffn: GEMM 1's
     check_shape(*override_config, s.mode == Mode::ffn ? 2 * s.inter : s.inter, s.hidden, s.experts, s.tokens);
   }
@@ -444,10 +454,7 @@ std::string Chain::route_label() const {
          (quant_with_route ? "+quant" : "") + (expert_bins ? "+bins" : "");
 }
 
-// The BF16 kernel's name where a config key would be.
-constexpr const char* kBf16GemmName = "bf16.tM.128x256";
-
-std::string Launches::gemm_key() const { return bf16 ? kBf16GemmName : key(gemm); }
+std::string Launches::gemm_key() const { return bf16 ? (bf16_cluster == 2 ? kBf16PairKey : kBf16GemmName) : key(gemm); }
 
 std::string Launches::summary(bool from_logits) const {
   if (!error.empty()) return "(cannot run: " + error + ")";
@@ -457,8 +464,8 @@ std::string Launches::summary(bool from_logits) const {
     if (from_logits) add("route");
     add(chain.dispatch_small ? "dispatch(1 CTA)" : "count+dispatch");
     add("gather(bf16)");
-    add(std::string("gemm1 ") + kBf16GemmName + ".act");
-    add(std::string("gemm2 ") + kBf16GemmName + ".rows");
+    add("gemm1 " + gemm_key() + " act");
+    add("gemm2 " + gemm_key() + " rows");
     add("combine+bf16");
     return s;
   }
@@ -503,8 +510,10 @@ std::string describe(const Plan& p) {
   o << "gemm configs:\n";
   std::vector<std::string> seen;
   if (p.shape.dtype == DType::bf16)
-    o << "  " << kBf16GemmName << ": bf16 tokens on M, 128 expert rows x 256 weight rows, A and B by TMA, "
-      << "4 stages, fp32 accumulation over K; GEMM 1 SiLU*up into the bf16 intermediate, GEMM 2 bf16 route rows\n";
+    o << "  " << p.gemm_config << ": bf16 tokens on M, 128 expert rows x 256 weight rows, A and B by TMA, "
+      << "4 stages, fp32 accumulation over K"
+      << (p.gemm_config == kBf16PairKey ? ", CTA pairs (256 rows) sharing the weight tiles by multicast" : "")
+      << "; GEMM 1 SiLU*up into the bf16 intermediate, GEMM 2 bf16 route rows\n";
   for (const auto& b : p.buckets->buckets)
     for (const Launches* l : {&b.from_logits, &b.from_ids}) {
       if (!l->error.empty() || l->bf16) continue;

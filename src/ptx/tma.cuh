@@ -15,6 +15,14 @@ __device__ __forceinline__ void tma_load_2d(void* dst, const CUtensorMap* map, i
   cuda::ptx::cp_async_bulk_tensor(cuda::ptx::space_cluster, cuda::ptx::space_global, dst, map, coords, bar);
 }
 
+// The same tile into the shared memory of every CTA of the cluster in `cta_mask`, at this CTA's
+// offset `dst`; each CTA's mbarrier at the offset of `bar` counts the bytes it receives.
+__device__ __forceinline__ void tma_load_2d_multicast(void* dst, const CUtensorMap* map, int32_t c0, int32_t c1,
+                                                      uint64_t* bar, uint16_t cta_mask) {
+  const int32_t coords[2] = {c0, c1};
+  cuda::ptx::cp_async_bulk_tensor(cuda::ptx::space_cluster, cuda::ptx::space_global, dst, map, coords, bar, cta_mask);
+}
+
 // 1-D bulk copy of `bytes` (a multiple of 16; both addresses 16-byte aligned) from global memory
 // into this CTA's shared memory; completion counted on `bar` in bytes.
 __device__ __forceinline__ void bulk_load(void* dst, const void* src, uint32_t bytes, uint64_t* bar) {

@@ -89,7 +89,6 @@ void run_case(const Bf16Case& c, Bf16Epilogue epi, bool store_bf16, uint64_t see
                doff = DeviceBuffer::from(d.offsets), dwt = DeviceBuffer::from(row_weight);
   const bool out_bf16 = act || store_bf16;
   DeviceBuffer dout(size_t(Rp * out_cols) * (out_bf16 ? 2 : 4));
-  test::fill(dout.get(), 0xff, dout.bytes());  // NaN everywhere (bf16 0xffff, fp32 0xffffffff)
   GemmBf16Params p;
   p.weights = dw.as<bf16>();
   p.x = dx.as<bf16>();
@@ -103,26 +102,38 @@ void run_case(const Bf16Case& c, Bf16Epilogue epi, bool store_bf16, uint64_t see
   p.experts = int(s.experts);
   p.n = int(N);
   p.k = int(K);
-  launch_gemm_bf16(p, *query_device(), nullptr, false);
-  LOOM_CUDA_CHECK(cudaGetLastError());
-  LOOM_CUDA_CHECK(cudaDeviceSynchronize());
-
-  std::vector<float> got(size_t(R * out_cols));
-  if (out_bf16) {
-    const std::vector<bf16> o = dout.to_host<bf16>();
-    for (size_t i = 0; i < got.size(); ++i) got[i] = bf16_to_float(o[i]);
-    for (size_t i = got.size(); i < o.size(); ++i)
-      ASSERT_EQ(o[i].bits, 0xffff) << "element " << i << " past the routed rows was written";
-  } else {
-    const std::vector<float> o = dout.to_host<float>();
-    std::copy_n(o.begin(), got.size(), got.begin());
-    for (size_t i = got.size(); i < o.size(); ++i) ASSERT_TRUE(std::isnan(o[i])) << "element " << i << " written";
+  // One CTA per 128 rows, and pairs of CTAs sharing the weights by multicast: the same outputs.
+  std::vector<uint8_t> first;
+  for (const int cluster : {1, 2}) {
+    SCOPED_TRACE(cluster == 1 ? "single CTAs" : "CTA pairs");
+    test::fill(dout.get(), 0xff, dout.bytes());  // NaN everywhere (bf16 0xffff, fp32 0xffffffff)
+    p.cluster = cluster;
+    launch_gemm_bf16(p, *query_device(), nullptr, false);
+    LOOM_CUDA_CHECK(cudaGetLastError());
+    LOOM_CUDA_CHECK(cudaDeviceSynchronize());
+    std::vector<float> got(size_t(R * out_cols));
+    if (out_bf16) {
+      const std::vector<bf16> o = dout.to_host<bf16>();
+      for (size_t i = 0; i < got.size(); ++i) got[i] = bf16_to_float(o[i]);
+      for (size_t i = got.size(); i < o.size(); ++i)
+        ASSERT_EQ(o[i].bits, 0xffff) << "element " << i << " past the routed rows was written";
+    } else {
+      const std::vector<float> o = dout.to_host<float>();
+      std::copy_n(o.begin(), got.size(), got.begin());
+      for (size_t i = got.size(); i < o.size(); ++i) ASSERT_TRUE(std::isnan(o[i])) << "element " << i << " written";
+    }
+    const ErrorStats e = relative_error(got.data(), ref.data(), R, out_cols);
+    // fp32 route rows: fp32 accumulation of exact bf16 products; bf16 outputs: one rounding (act:
+    // the fp32 SiLU*up a few ulps from the reference's, an occasional bf16 tie the other way).
+    EXPECT_LE(e.overall, out_bf16 ? 2e-3 : 1e-5);
+    EXPECT_LE(e.worst_row, out_bf16 ? 1e-2 : 1e-4) << "worst sorted row " << e.worst_row_index;
+    // Both walks sum each output over K in the same order: bit for bit the same.
+    const std::vector<uint8_t> bytes = dout.to_host<uint8_t>();
+    if (cluster == 1)
+      first = bytes;
+    else
+      EXPECT_TRUE(bytes == first) << "pairs and single CTAs differ";
   }
-  const ErrorStats e = relative_error(got.data(), ref.data(), R, out_cols);
-  // fp32 route rows: fp32 accumulation of exact bf16 products; bf16 outputs: one rounding (act: the
-  // fp32 SiLU*up a few ulps from the reference's, an occasional bf16 tie the other way).
-  EXPECT_LE(e.overall, out_bf16 ? 2e-3 : 1e-5);
-  EXPECT_LE(e.worst_row, out_bf16 ? 1e-2 : 1e-4) << "worst sorted row " << e.worst_row_index;
 }
 
 const Bf16Case kCases[] = {
@@ -179,6 +190,9 @@ TEST(GemmBf16Launch, RefusesWhatTheKernelCannotTake) {
   EXPECT_THROW(launch_gemm_bf16(p, dev, nullptr, false), Error);
   p.experts = 4;
   p.x = reinterpret_cast<const bf16*>(uintptr_t(258));  // misaligned
+  EXPECT_THROW(launch_gemm_bf16(p, dev, nullptr, false), Error);
+  p.x = p.weights;
+  p.cluster = 4;
   EXPECT_THROW(launch_gemm_bf16(p, dev, nullptr, false), Error);
 }
 

@@ -186,7 +186,7 @@ TEST(Plan, Bf16LayerPlansEveryBatch) {
           const Launches& l = logits ? b.from_logits : b.from_ids;
           EXPECT_EQ(l.error, "");
           EXPECT_TRUE(l.bf16 && l.ffn && l.combine_rows && l.chain.sorted_rows);
-          EXPECT_NE(l.summary(logits).find("gather(bf16) -> gemm1 bf16.tM.128x256.act"), std::string::npos)
+          EXPECT_NE(l.summary(logits).find("gather(bf16) -> gemm1 bf16.tM.128x256 act"), std::string::npos)
               << l.summary(logits);
           EXPECT_EQ(&launches_for(p, b.last, logits), &l);
         }
@@ -208,6 +208,11 @@ TEST(Plan, Bf16LayerPlansEveryBatch) {
   Options o;
   o.gemm_config = "tM.tall.s4.bulk.dyn";
   EXPECT_THROW(plan(preset.shape, preset.routing, o, d), Error);
+  o.gemm_config = "bf16.tM.128x256.pair";  // CTA pairs sharing the weights
+  const Plan pairs = plan(preset.shape, preset.routing, o, d);
+  EXPECT_EQ(pairs.gemm_config, "bf16.tM.128x256.pair");
+  EXPECT_EQ(launches_for(pairs, 100, true).bf16_cluster, 2);
+  EXPECT_NE(describe(pairs).find("gemm2 bf16.tM.128x256.pair rows"), std::string::npos) << describe(pairs);
 }
 
 TEST(Plan, Gemm2ConfigOverridesFfnGemm2) {

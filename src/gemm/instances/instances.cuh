@@ -43,11 +43,18 @@ using Sm90Fp8TmWideAct = TokensOnMKernel<true, tokens_on_m::NoProbe, false, true
 // weighted route rows (ffn GEMM 2).
 using Sm90Bf16TmAct = Bf16TokensOnMKernel<Bf16Epilogue::act>;
 using Sm90Bf16TmRows = Bf16TokensOnMKernel<Bf16Epilogue::rows>;
+// ... two CTAs a cluster, 256 rows a unit, B multicast to both.
+using Sm90Bf16TmActPair = Bf16TokensOnMKernel<Bf16Epilogue::act, 2>;
+using Sm90Bf16TmRowsPair = Bf16TokensOnMKernel<Bf16Epilogue::rows, 2>;
 
 #define LOOM_GEMM_INSTANCE(Kernel)                                                                     \
   template void launch_grouped_gemm<Kernel>(const typename Kernel::Maps&, const typename Kernel::Args&, int, size_t, \
-                                            cudaStream_t, bool)
-#define LOOM_GEMM_INSTANCE_EXTERN(Kernel) extern LOOM_GEMM_INSTANCE(Kernel)
+                                            cudaStream_t, bool);                                               \
+  template int max_active_clusters<Kernel>(size_t)
+#define LOOM_GEMM_INSTANCE_EXTERN(Kernel)                                                                   \
+  extern template void launch_grouped_gemm<Kernel>(const typename Kernel::Maps&, const typename Kernel::Args&, int, \
+                                                   size_t, cudaStream_t, bool);                                \
+  extern template int max_active_clusters<Kernel>(size_t)
 
 LOOM_GEMM_INSTANCE_EXTERN(Sm90Fp8WmGather);
 LOOM_GEMM_INSTANCE_EXTERN(Sm90Fp8WmGatherEarly);
@@ -62,5 +69,7 @@ LOOM_GEMM_INSTANCE_EXTERN(Sm90Fp8TmWideSorted);
 LOOM_GEMM_INSTANCE_EXTERN(Sm90Fp8TmWideAct);
 LOOM_GEMM_INSTANCE_EXTERN(Sm90Bf16TmAct);
 LOOM_GEMM_INSTANCE_EXTERN(Sm90Bf16TmRows);
+LOOM_GEMM_INSTANCE_EXTERN(Sm90Bf16TmActPair);
+LOOM_GEMM_INSTANCE_EXTERN(Sm90Bf16TmRowsPair);
 
 }  // namespace loom::gemm

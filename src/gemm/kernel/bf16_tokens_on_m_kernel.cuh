@@ -7,6 +7,7 @@
 //                epilogue from registers
 //   units        (expert, 128-row tile, 256-wide weight block), weight blocks innermost so that the
 //                CTAs running together read one expert's weights and a few row tiles; round robin
+//                (over clusters: a 2-CTA cluster takes 256 rows, sharing B by multicast)
 #pragma once
 
 #include <cuda.h>
@@ -18,6 +19,7 @@
 #include "gemm/kernel/grouped_gemm_sm90.cuh"
 #include "gemm/mainloop/bf16_tokens_on_m.cuh"
 #include "gemm/scheduler/expert_tiles.cuh"
+#include "ptx/cluster.cuh"
 #include "ptx/mbarrier.cuh"
 #include "ptx/pdl.cuh"
 #include "ptx/tma.cuh"
@@ -49,13 +51,18 @@ struct alignas(1024) Storage {
 };
 
 struct Unit {
-  int expert, row0, rows, nb;  // the tile's first sorted row, its rows (1..128), its weight block
+  int expert, row0, rows, nb;  // the tile's first sorted row, its rows (at most 128), its weight block
 };
 
 }  // namespace bf16_tokens_on_m
 
-template <Bf16Epilogue kEpilogue>
+// kCluster = 2: two CTAs of a cluster take the same unit's two halves of 256 expert rows (tiles of
+// 128 each) and share B: each loads one 128-row box of it and multicasts it to both, so a CTA reads
+// 16 KiB of A and 16 KiB of B from L2 per K block instead of 16 + 32. A stage is refilled only once
+// the consumers of both CTAs have freed it (each peer consumer warp arrives here too).
+template <Bf16Epilogue kEpilogue, int kCluster = 1>
 struct Bf16TokensOnMKernel {
+  static_assert(kCluster == 1 || kCluster == 2, "one CTA, or a pair sharing B");
   using Maps = Bf16TokensOnMMaps;
   using Args = Bf16TokensOnMArgs;
   using Params = ParamRefs<Maps, Args>;
@@ -63,23 +70,28 @@ struct Bf16TokensOnMKernel {
   using Unit = bf16_tokens_on_m::Unit;
   using StageCursor = bf16_tokens_on_m::StageCursor;
   static constexpr uint32_t kProducerRegs = 40, kConsumerRegs = 232;
+  static constexpr unsigned kClusterX = kCluster;
   static constexpr int kTileRows = bf16_tokens_on_m::kTileRows, kBlockK = bf16_tokens_on_m::kBlockK;
+  static constexpr int kUnitRows = kTileRows * kCluster;  // expert rows per unit (over the cluster)
 
   struct Schedule {
     int units;
+    int first, step;  // this CTA's (cluster's) first unit and the stride between its units
+    uint32_t rank;    // the CTA's rank in its cluster (its 128 rows of the unit, its half of B)
   };
 
-  static __device__ __forceinline__ Unit decode(const SharedStorage& s, const Args& a, int u) {
+  static __device__ __forceinline__ Unit decode(const SharedStorage& s, const Args& a, int u, uint32_t rank) {
     const int tile = u / a.col_blocks;
     const int e = tile_expert(s.tiles, a.experts, tile);
-    const int row0 = s.tiles.expert_row[e] + (tile - s.tiles.tile_start[e]) * kTileRows;
+    const int row0 = s.tiles.expert_row[e] + (tile - s.tiles.tile_start[e]) * kUnitRows + int(rank) * kTileRows;
+    // rows <= 0: the second CTA of an expert's last unit, past its rows (it computes and stores nothing).
     return Unit{e, row0, min(kTileRows, s.tiles.expert_end[e] - row0), u - tile * a.col_blocks};
   }
 
   static __device__ __forceinline__ void init(SharedStorage& s, const Params&) {
     for (int i = 0; i < bf16_tokens_on_m::kStages; ++i) {
       ptx::mbar_init(&s.ring.full[i], 1);
-      ptx::mbar_init(&s.ring.empty[i], kConsumerWarps * kReleaseArrivalsPerWarp);
+      ptx::mbar_init(&s.ring.empty[i], kConsumerWarps * kReleaseArrivalsPerWarp + (kCluster - 1) * kConsumerWarps);
     }
   }
   static __device__ __forceinline__ void prefetch(const Params& p) {
@@ -90,31 +102,50 @@ struct Bf16TokensOnMKernel {
   // The offsets (and the sorted rows) are the kernels' before this one.
   static __device__ __forceinline__ Schedule prepare(SharedStorage& s, const Params& p) {
     ptx::pdl_wait();
-    build_expert_tiles(s.tiles, p.a, kTileRows);  // its barriers also publish the mbarrier initialisation
-    return Schedule{s.tiles.tile_start[p.a.experts] * p.a.col_blocks};
+    build_expert_tiles(s.tiles, p.a, kUnitRows);  // its barriers also publish the mbarrier initialisation
+    // ... to the peer as well, before its first multicast or remote arrival reaches this CTA.
+    if constexpr (kCluster > 1) ptx::cluster_sync();
+    const uint32_t rank = kCluster > 1 ? ptx::cluster_rank() : 0u;
+    return Schedule{s.tiles.tile_start[p.a.experts] * p.a.col_blocks, int(blockIdx.x) / kCluster,
+                    int(gridDim.x) / kCluster, rank};
   }
 
   static __device__ __forceinline__ void produce(SharedStorage& s, const Params& p, const Schedule& sched) {
     using namespace bf16_tokens_on_m;
-    if (threadIdx.x != 0) return;
-    const Args& a = p.a;
-    StageCursor st;
-    for (int u = blockIdx.x; u < sched.units; u += gridDim.x) {
-      const Unit unit = decode(s, a, u);
-      // B's two boxes: act, gate block nb and up block nb (w13's up rows start at row inter);
-      // rows, weight rows 256 nb .. 256 nb + 255. Rows past the expert's N belong to the next
-      // expert or are out of bounds (zeros): their columns are never written.
-      const int w_row0 = unit.expert * a.n + (kEpilogue == Bf16Epilogue::act ? unit.nb * kBoxRows : unit.nb * kTileCols);
-      const int w_row1 = kEpilogue == Bf16Epilogue::act ? w_row0 + a.inter : w_row0 + kBoxRows;
-      for (int kb = 0; kb < a.kblocks; ++kb) {
-        ptx::mbar_wait(&s.ring.empty[st.stage], st.phase ^ 1);
-        ptx::mbar_arrive_expect_tx(&s.ring.full[st.stage], kATileBytes + kBTileBytes);
-        ptx::tma_load_2d(s.ring.a[st.stage], &p.maps.x, kb * kBlockK, unit.row0, &s.ring.full[st.stage]);
-        ptx::tma_load_2d(s.ring.b[st.stage], &p.maps.w, kb * kBlockK, w_row0, &s.ring.full[st.stage]);
-        ptx::tma_load_2d(s.ring.b[st.stage] + kBoxBytes, &p.maps.w, kb * kBlockK, w_row1, &s.ring.full[st.stage]);
-        st.advance();
+    if (threadIdx.x == 0) {
+      const Args& a = p.a;
+      StageCursor st;
+      for (int u = sched.first; u < sched.units; u += sched.step) {
+        const Unit unit = decode(s, a, u, sched.rank);
+        // B's two boxes: act, gate block nb and up block nb (w13's up rows start at row inter);
+        // rows, weight rows 256 nb .. 256 nb + 255. Rows past the expert's N belong to the next
+        // expert or are out of bounds (zeros): their columns are never written.
+        const int w_row0 =
+            unit.expert * a.n + (kEpilogue == Bf16Epilogue::act ? unit.nb * kBoxRows : unit.nb * kTileCols);
+        const int w_row1 = kEpilogue == Bf16Epilogue::act ? w_row0 + a.inter : w_row0 + kBoxRows;
+        for (int kb = 0; kb < a.kblocks; ++kb) {
+          if constexpr (kCluster > 1)
+            ptx::mbar_wait_cluster(&s.ring.empty[st.stage], st.phase ^ 1);  // the peer's consumers too
+          else
+            ptx::mbar_wait(&s.ring.empty[st.stage], st.phase ^ 1);
+          // Both B boxes land here either way (one of them from the peer's multicast).
+          ptx::mbar_arrive_expect_tx(&s.ring.full[st.stage], kATileBytes + kBTileBytes);
+          ptx::tma_load_2d(s.ring.a[st.stage], &p.maps.x, kb * kBlockK, unit.row0, &s.ring.full[st.stage]);
+          if constexpr (kCluster > 1) {
+            const int half = int(sched.rank);
+            ptx::tma_load_2d_multicast(s.ring.b[st.stage] + half * kBoxBytes, &p.maps.w, kb * kBlockK,
+                                       half == 0 ? w_row0 : w_row1, &s.ring.full[st.stage], uint16_t(0x3));
+          } else {
+            ptx::tma_load_2d(s.ring.b[st.stage], &p.maps.w, kb * kBlockK, w_row0, &s.ring.full[st.stage]);
+            ptx::tma_load_2d(s.ring.b[st.stage] + kBoxBytes, &p.maps.w, kb * kBlockK, w_row1,
+                             &s.ring.full[st.stage]);
+          }
+          st.advance();
+        }
       }
     }
+    // No CTA of a pair leaves while the other may still arrive on its barriers.
+    if constexpr (kCluster > 1) ptx::cluster_sync();
   }
 
   static __device__ __forceinline__ void consume(SharedStorage& s, const Params& p, const Schedule& sched,
@@ -123,11 +154,20 @@ struct Bf16TokensOnMKernel {
     const Args& a = p.a;
     const int lane = threadIdx.x % 32, q = lane % 4;
     const int r = 64 * consumer + 16 * (threadIdx.x / 32 % 4) + lane / 4;  // the thread's first row in the tile
+    [[maybe_unused]] const uint32_t peer = sched.rank ^ 1u;
+    auto release = [&](int stage) {
+      release_slot(&s.ring.empty[stage]);
+      if constexpr (kCluster > 1) {
+        // The peer's multicast writes this stage too: its producer waits for this warp as well.
+        __syncwarp();
+        if (lane == 0) ptx::mbar_arrive_remote(&s.ring.empty[stage], peer);
+      }
+    };
     StageCursor st;
     float acc[128];
-    for (int u = blockIdx.x; u < sched.units; u += gridDim.x) {
-      const Unit unit = decode(s, a, u);
-      k_loop(s.ring, acc, a.kblocks, consumer, st);
+    for (int u = sched.first; u < sched.units; u += sched.step) {
+      const Unit unit = decode(s, a, u, sched.rank);
+      k_loop(s.ring, acc, a.kblocks, consumer, st, release);
       const int64_t row = unit.row0 + r, row8 = row + 8;
       const bool ok = r < unit.rows, ok8 = r + 8 < unit.rows;
       if constexpr (kEpilogue == Bf16Epilogue::act) {
@@ -138,6 +178,7 @@ struct Bf16TokensOnMKernel {
         store_rows(a.out, a.n, a.store_bf16, acc, row, ok, w, row8, ok8, w8, unit.nb * kTileCols, q);
       }
     }
+    if constexpr (kCluster > 1) ptx::cluster_sync();
   }
 };
 

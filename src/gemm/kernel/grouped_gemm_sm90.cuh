@@ -96,16 +96,47 @@ __global__ void __launch_bounds__(kThreads, 1)
   ptx::pdl_launch_dependents();
 }
 
-// Host side: the dynamic shared memory a Kernel launches with (+ the alignment slack), and one
-// persistent launch of it.
+// Host side: the dynamic shared memory a Kernel launches with (+ the alignment slack), its cluster
+// size (Kernel::kClusterX where it has one), and one persistent launch of it (grid a multiple of
+// the cluster size).
 template <class Kernel>
 inline constexpr size_t launch_smem_bytes = sizeof(typename Kernel::SharedStorage) + 1024;
+
+template <class Kernel>
+inline constexpr unsigned cluster_x_of = [] {
+  if constexpr (requires { Kernel::kClusterX; })
+    return unsigned(Kernel::kClusterX);
+  else
+    return 1u;
+}();
 
 template <class Kernel>
 void launch_grouped_gemm(const typename Kernel::Maps& maps, const typename Kernel::Args& a, int grid,
                          size_t smem_bytes, cudaStream_t stream, bool pdl) {
   ensure_dynamic_smem(grouped_gemm_sm90<Kernel>, smem_bytes);
-  launch_kernel(grouped_gemm_sm90<Kernel>, dim3(grid), dim3(kThreads), smem_bytes, stream, pdl, maps, a);
+  launch_kernel_clustered(grouped_gemm_sm90<Kernel>, dim3(grid), dim3(kThreads), smem_bytes, stream, pdl,
+                          cluster_x_of<Kernel>, maps, a);
+}
+
+// The most clusters of Kernel (cluster_x_of<Kernel> CTAs each, smem_bytes per CTA) the current device
+// holds at once: where an SM group's SM count is odd, pairs of CTAs leave an SM out.
+template <class Kernel>
+int max_active_clusters(size_t smem_bytes) {
+  ensure_dynamic_smem(grouped_gemm_sm90<Kernel>, smem_bytes);
+  cudaLaunchAttribute attr;
+  attr.id = cudaLaunchAttributeClusterDimension;
+  attr.val.clusterDim.x = cluster_x_of<Kernel>;
+  attr.val.clusterDim.y = 1;
+  attr.val.clusterDim.z = 1;
+  cudaLaunchConfig_t cfg{};
+  cfg.gridDim = dim3(cluster_x_of<Kernel>);
+  cfg.blockDim = dim3(kThreads);
+  cfg.dynamicSmemBytes = smem_bytes;
+  cfg.attrs = &attr;
+  cfg.numAttrs = 1;
+  int clusters = 0;
+  LOOM_CUDA_CHECK(cudaOccupancyMaxActiveClusters(&clusters, grouped_gemm_sm90<Kernel>, &cfg));
+  return clusters;
 }
 
 }  // namespace loom::gemm

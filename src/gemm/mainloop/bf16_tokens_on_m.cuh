@@ -34,12 +34,15 @@ struct StageTiles {
   uint8_t a[kStages][kATileBytes];
   uint8_t b[kStages][kBTileBytes];
   uint64_t full[kStages];   // the producer's arrive.expect_tx
-  uint64_t empty[kStages];  // every consumer thread, once its MMAs on the stage have completed
+  uint64_t empty[kStages];  // every consumer thread, once its MMAs on the stage have completed (and, in a
+                            // 2-CTA cluster, each of the peer's consumer warps: its B half lands here too)
 };
 
 // One unit's K loop for consumer warpgroup `consumer`: acc = A rows x B^T over kblocks stages,
-// starting at stage `st` (advanced past them).
-__device__ __forceinline__ void k_loop(StageTiles& s, float (&acc)[128], int kblocks, int consumer, StageCursor& st) {
+// starting at stage `st` (advanced past them); release(stage) frees a stage whose MMAs are done.
+template <class Release>
+__device__ __forceinline__ void k_loop(StageTiles& s, float (&acc)[128], int kblocks, int consumer, StageCursor& st,
+                                       const Release& release) {
   using Mma = ptx::WgmmaBf16<kTileCols>;
   StageCursor prev = st;
   for (int kb = 0; kb < kblocks; ++kb) {
@@ -59,7 +62,7 @@ __device__ __forceinline__ void k_loop(StageTiles& s, float (&acc)[128], int kbl
 #pragma unroll
     for (int i = 0; i < 128; ++i) ptx::fence_operand(acc[i]);
     if (kb > 0) {
-      release_slot(&s.empty[prev.stage]);
+      release(prev.stage);
       prev.advance();
     }
     st.advance();
@@ -67,7 +70,7 @@ __device__ __forceinline__ void k_loop(StageTiles& s, float (&acc)[128], int kbl
   ptx::wgmma_wait_group<0>();
 #pragma unroll
   for (int i = 0; i < 128; ++i) ptx::fence_operand(acc[i]);
-  if (kblocks > 0) release_slot(&s.empty[prev.stage]);
+  if (kblocks > 0) release(prev.stage);
 }
 
 }  // namespace loom::gemm::bf16_tokens_on_m
