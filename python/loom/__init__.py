@@ -181,7 +181,8 @@ def fused_moe(hidden: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, *, rout
 
     hidden [T, H] bf16; w13 [E, 2I, H] e4m3 (gate rows, then up rows; vLLM's w13_weight), w13_scale
     [E, 2 ceil(I/128), ceil(H/128)] fp32; w2 [E, H, I] e4m3, w2_scale [E, ceil(H/128), ceil(I/128)]
-    fp32; or w13 and w2 in bf16 with no scales. Routes: router_logits [T, E] (fp32; bf16/fp16 are widened), routed here by `scoring` with
+    fp32; or w13 and w2 in bf16 with no scales. Routes: router_logits [T, E] (fp32; bf16/fp16 are
+    widened), routed here by `scoring` with
     topk, renormalize, softcap, n_group/topk_group and expert_bias (sigmoid) and routed_scaling; or
     precomputed topk_ids [T, k] int32 (int64 narrowed) with topk_weights [T, k] fp32, used as given.
     deterministic: bitwise the same output run to run (no float atomics). out: a bf16 [T, H] tensor

@@ -140,7 +140,7 @@ void run_stages(const Plan& p, const Weights& w, const Inputs& in, void* output,
   uint32_t* token_masks = chain.token_masks ? at<uint32_t>(workspace, L.token_masks) : nullptr;
   rp.token_masks = token_masks;
   dp.token_masks = token_masks;
-  // Debug builds of a run: synchronise, read the status, throw on dropped routes or NaN logits.
+  // Options::debug_checks: synchronise, read the status, throw on dropped routes or NaN logits.
   auto debug_check = [&] {
     if (!p.options.debug_checks) return;
     LOOM_CUDA_CHECK(cudaStreamSynchronize(stream));
