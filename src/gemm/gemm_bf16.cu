@@ -52,8 +52,11 @@ void launch_gemm_bf16(const GemmBf16Params& p, const DeviceInfo& device, cudaStr
       reinterpret_cast<uintptr_t>(p.out) % 8)
     throw Error(who + "weights and rows must be 16-byte aligned, the output 8-byte aligned");
   gemm::Bf16TokensOnMMaps maps{};
+  const bool tokens = p.row_token != nullptr;
+  if (tokens && !act) throw Error(who + "A by token (row_token) is GEMM 1's (the act epilogue)");
+  // By token: one-row boxes, each landing at its tile row's address (the swizzle follows it).
   maps.x = make_tensor_map_2d(p.x, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, uint64_t(p.x_rows), uint64_t(p.k),
-                              uint64_t(p.k) * 2, tm::kBoxRows, tm::kBlockK, TmaSwizzle::b128);
+                              uint64_t(p.k) * 2, tokens ? 1 : tm::kBoxRows, tm::kBlockK, TmaSwizzle::b128);
   maps.w = make_tensor_map_2d(p.weights, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, uint64_t(p.experts) * p.n,
                               uint64_t(p.k), uint64_t(p.k) * 2, tm::kBoxRows, tm::kBlockK, TmaSwizzle::b128);
   gemm::Bf16TokensOnMArgs a{};
@@ -69,22 +72,29 @@ void launch_gemm_bf16(const GemmBf16Params& p, const DeviceInfo& device, cudaStr
   a.col_blocks = act ? (p.inter + tm::kBoxRows - 1) / tm::kBoxRows : (p.n + tm::kTileCols - 1) / tm::kTileCols;
   a.inter = p.inter;
   a.store_bf16 = p.store_bf16 ? 1 : 0;
+  a.row_token = p.row_token;
   // Persistent: one CTA per SM (pairs: as many as fit at once); the row tiles are known only on the
   // device.
   using namespace gemm;
+  auto launch = [&]<class K>(int grid) { launch_grouped_gemm<K>(maps, a, grid, launch_smem_bytes<K>, stream, pdl); };
   if (p.cluster == 1) {
-    if (act)
-      launch_grouped_gemm<Sm90Bf16TmAct>(maps, a, device.sm_count, launch_smem_bytes<Sm90Bf16TmAct>, stream, pdl);
+    if (tokens)
+      launch.operator()<Sm90Bf16TmActTokens>(device.sm_count);
+    else if (act)
+      launch.operator()<Sm90Bf16TmAct>(device.sm_count);
     else
-      launch_grouped_gemm<Sm90Bf16TmRows>(maps, a, device.sm_count, launch_smem_bytes<Sm90Bf16TmRows>, stream, pdl);
+      launch.operator()<Sm90Bf16TmRows>(device.sm_count);
     return;
   }
-  const int pairs = std::min(device.sm_count / 2, act ? resident_pairs<Sm90Bf16TmActPair>() : resident_pairs<Sm90Bf16TmRowsPair>());
+  // (Every pair instance has the same shared memory and registers: one count serves them all.)
+  const int pairs = std::min(device.sm_count / 2, resident_pairs<Sm90Bf16TmRowsPair>());
   if (pairs < 1) throw Error(who + "no CTA pair fits on the device");
-  if (act)
-    launch_grouped_gemm<Sm90Bf16TmActPair>(maps, a, 2 * pairs, launch_smem_bytes<Sm90Bf16TmActPair>, stream, pdl);
+  if (tokens)
+    launch.operator()<Sm90Bf16TmActPairTokens>(2 * pairs);
+  else if (act)
+    launch.operator()<Sm90Bf16TmActPair>(2 * pairs);
   else
-    launch_grouped_gemm<Sm90Bf16TmRowsPair>(maps, a, 2 * pairs, launch_smem_bytes<Sm90Bf16TmRowsPair>, stream, pdl);
+    launch.operator()<Sm90Bf16TmRowsPair>(2 * pairs);
 }
 
 }  // namespace loom

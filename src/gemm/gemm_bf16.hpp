@@ -26,8 +26,12 @@ enum class Bf16Epilogue { act, rows };
 
 struct GemmBf16Params {
   const bf16* weights = nullptr;    // [E, N, K], K-major
-  const bf16* x = nullptr;          // [x_rows, K]: the expert-sorted rows (expert e's at offsets[e]..)
-  int64_t x_rows = 0;               // >= offsets[E]; rows past it are read but never written out
+  const bf16* x = nullptr;          // [x_rows, K]: the expert-sorted rows (expert e's at offsets[e]..), or
+                                    // with row_token the token-order rows (hidden [T, K])
+  int64_t x_rows = 0;               // >= offsets[E] (row_token: T); rows past the routed ones are never written out
+  // act only: A by token, sorted row r reading x[row_token[r]] (one-row TMA boxes in the
+  // producer; no gather kernel). null: x holds the sorted rows.
+  const int32_t* row_token = nullptr;
   const int32_t* offsets = nullptr; // [E+1]
   Bf16Epilogue epilogue = Bf16Epilogue::rows;
   // rows: out[r, n] = row_weight[r] * (x[r] . W[e(r), n]) for the sorted rows r < offsets[E],

@@ -21,9 +21,31 @@
 
 namespace loom {
 
-// The BF16 kernel's names where a config key would be (GemmBf16Params::cluster 1 and 2).
+// The BF16 kernel's names where a config key would be: bf16.tM.128x256[.pair][.tok] (CTA pairs,
+// GemmBf16Params::cluster 2; GEMM 1's A by token, GemmBf16Params::row_token).
 constexpr const char* kBf16GemmName = "bf16.tM.128x256";
-constexpr const char* kBf16PairKey = "bf16.tM.128x256.pair";
+
+struct Bf16Key {
+  int cluster = 1;
+  bool token_rows = false;
+};
+
+// Empty: the default; otherwise one of the four keys, or nullopt.
+std::optional<Bf16Key> parse_bf16_key(const std::string& k) {
+  if (k.empty()) return Bf16Key{};
+  const std::string base = kBf16GemmName;
+  if (k.rfind(base, 0) != 0) return std::nullopt;
+  std::string rest = k.substr(base.size());
+  Bf16Key b;
+  if (rest.rfind(".pair", 0) == 0) b.cluster = 2, rest = rest.substr(5);
+  if (rest == ".tok") b.token_rows = true, rest.clear();
+  if (!rest.empty()) return std::nullopt;
+  return b;
+}
+
+std::string bf16_key(int cluster, bool token_rows) {
+  return std::string(kBf16GemmName) + (cluster == 2 ? ".pair" : "") + (token_rows ? ".tok" : "");
+}
 
 namespace {
 
@@ -245,14 +267,17 @@ Launches decide_ffn(const Shape& s, const Routing& r, const Options& o, const De
 // dtype bf16 (the ffn layer): routing (from logits), the dispatch, the gather of the bf16 rows
 // into expert-sorted order, GEMM 1 with the SiLU*up epilogue, GEMM 2 storing bf16 route rows, and
 // the combine (bitwise deterministic in both modes until a reducing epilogue lands). The GEMMs run
-// on single CTAs (kBf16GemmName) or, by key, on CTA pairs sharing the weights (kBf16PairKey).
+// on single CTAs or, by key, on CTA pairs sharing the weights; GEMM 1 reads the gather's sorted
+// copy or, by key, the hidden rows by token.
 Launches decide_bf16(const Shape& s, const Options& o, int64_t tokens) {
   Launches l;
   l.ffn = true;
   l.bf16 = true;
-  l.bf16_cluster = o.gemm_config == kBf16PairKey ? 2 : 1;
+  const Bf16Key k = parse_bf16_key(o.gemm_config).value_or(Bf16Key{});  // plan() refused any other key
+  l.bf16_cluster = k.cluster;
+  l.bf16_token_rows = k.token_rows;
   l.combine_rows = true;
-  l.chain.sorted_rows = true;
+  l.chain.sorted_rows = !k.token_rows;  // the gather writes the sorted copy GEMM 1 reads
   l.chain.dispatch_small = o.fuse_small_batch && dispatch_small_fits(int(tokens), int(s.topk), int(s.experts));
   return l;
 }
@@ -260,6 +285,7 @@ Launches decide_bf16(const Shape& s, const Options& o, int64_t tokens) {
 bool same(const Launches& a, const Launches& b) {
   return a.chain == b.chain && key(a.gemm) == key(b.gemm) && a.combine_rows == b.combine_rows && a.error == b.error &&
          a.ffn == b.ffn && a.bf16 == b.bf16 && a.bf16_cluster == b.bf16_cluster &&
+         a.bf16_token_rows == b.bf16_token_rows &&
          (!a.ffn || key(a.gemm2) == key(b.gemm2));
 }
 
@@ -337,10 +363,9 @@ Plan plan(const Shape& s, const Routing& r, const Options& o, const DeviceSpec& 
   const bool bf16 = s.dtype == DType::bf16;
   if (bf16 && s.mode != Mode::ffn)
     throw Error("dtype bf16 runs the ffn layer (mode ffn); the one-GEMM single mode is fp8 only");
-  if (bf16 && ((!o.gemm_config.empty() && o.gemm_config != kBf16GemmName && o.gemm_config != kBf16PairKey) ||
-               !o.gemm2_config.empty()))
-    throw Error(std::string("the bf16 layer's GEMM configs are ") + kBf16GemmName + " and " + kBf16PairKey +
-                " (gemm_config; both GEMMs), got gemm_config '" + o.gemm_config + "', gemm2_config '" +
+  if (bf16 && (!parse_bf16_key(o.gemm_config) || !o.gemm2_config.empty()))
+    throw Error(std::string("the bf16 layer's GEMM configs are ") + kBf16GemmName +
+                "[.pair][.tok] (gemm_config; both GEMMs), got gemm_config '" + o.gemm_config + "', gemm2_config '" +
                 o.gemm2_config + "'");
   if (s.experts > kGpuMaxExperts)
     throw Error("experts = " + std::to_string(s.experts) + " exceeds the GPU limit " + std::to_string(kGpuMaxExperts));
@@ -454,7 +479,7 @@ std::string Chain::route_label() const {
          (quant_with_route ? "+quant" : "") + (expert_bins ? "+bins" : "");
 }
 
-std::string Launches::gemm_key() const { return bf16 ? (bf16_cluster == 2 ? kBf16PairKey : kBf16GemmName) : key(gemm); }
+std::string Launches::gemm_key() const { return bf16 ? bf16_key(bf16_cluster, bf16_token_rows) : key(gemm); }
 
 std::string Launches::summary(bool from_logits) const {
   if (!error.empty()) return "(cannot run: " + error + ")";
@@ -463,7 +488,7 @@ std::string Launches::summary(bool from_logits) const {
   if (bf16) {
     if (from_logits) add("route");
     add(chain.dispatch_small ? "dispatch(1 CTA)" : "count+dispatch");
-    add("gather(bf16)");
+    if (!bf16_token_rows) add("gather(bf16)");
     add("gemm1 " + gemm_key() + " act");
     add("gemm2 " + gemm_key() + " rows");
     add("combine+bf16");
@@ -512,7 +537,10 @@ std::string describe(const Plan& p) {
   if (p.shape.dtype == DType::bf16)
     o << "  " << p.gemm_config << ": bf16 tokens on M, 128 expert rows x 256 weight rows, A and B by TMA, "
       << "4 stages, fp32 accumulation over K"
-      << (p.gemm_config == kBf16PairKey ? ", CTA pairs (256 rows) sharing the weight tiles by multicast" : "")
+      << (p.gemm_config.find(".pair") != std::string::npos
+              ? ", CTA pairs (256 rows) sharing the weight tiles by multicast" : "")
+      << (p.gemm_config.find(".tok") != std::string::npos ? ", GEMM 1's A by token (one-row TMA boxes, no gather)"
+                                                           : "")
       << "; GEMM 1 SiLU*up into the bf16 intermediate, GEMM 2 bf16 route rows\n";
   for (const auto& b : p.buckets->buckets)
     for (const Launches* l : {&b.from_logits, &b.from_ids}) {

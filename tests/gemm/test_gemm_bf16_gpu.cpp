@@ -1,4 +1,5 @@
-// The BF16 grouped GEMM alone (issue 47), on expert-sorted rows laid out by the CPU dispatch:
+// The BF16 grouped GEMM alone (issue 47), on expert-sorted rows laid out by the CPU dispatch (and
+// GEMM 1 reading them by token from hidden), single CTAs and CTA pairs, bit for bit alike:
 // the weighted route rows (fp32 and bf16) against grouped_gemm_ref, and the SiLU*up epilogue on a
 // w13 against silu_mul_ref rounded to bf16; the rows past the routed ones (poisoned) stay as they
 // were, and padding rows of A full of NaN reach no written row.
@@ -7,6 +8,7 @@
 #include <cmath>
 #include <cstring>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "bench/device_buffer.hpp"
@@ -57,9 +59,12 @@ void run_case(const Bf16Case& c, Bf16Epilogue epi, bool store_bf16, uint64_t see
   const int64_t R = d.offsets.back(), Rp = padded_rows(s.routes()), K = act ? s.hidden : s.inter,
                 N = act ? 2 * s.inter : s.hidden, out_cols = act ? s.inter : s.hidden;
   // The rows: act reads hidden rows; rows reads intermediate-like rows of width I (random bf16).
-  std::vector<bf16> x_rows;
+  std::vector<bf16> x_rows, hidden;
+  std::vector<int32_t> row_token(size_t(Rp), 0);  // A by token: each sorted row's token
+  for (int64_t r = 0; r < R; ++r) row_token[size_t(r)] = int32_t(d.row_route[size_t(r)] / s.topk);
   if (act) {
-    x_rows = sorted_rows(make_hidden(s, seed + 2), d, s.topk, K, Rp);
+    hidden = make_hidden(s, seed + 2);
+    x_rows = sorted_rows(hidden, d, s.topk, K, Rp);
   } else {
     const Shape wide{s.tokens, s.inter, s.inter, s.experts, s.topk, Mode::ffn, DType::bf16};
     x_rows = sorted_rows(make_hidden(wide, seed + 2), d, s.topk, K, Rp);
@@ -86,7 +91,8 @@ void run_case(const Bf16Case& c, Bf16Epilogue epi, bool store_bf16, uint64_t see
   }
 
   DeviceBuffer dw = DeviceBuffer::from(act ? w.w1 : w.w2), dx = DeviceBuffer::from(x_rows),
-               doff = DeviceBuffer::from(d.offsets), dwt = DeviceBuffer::from(row_weight);
+               doff = DeviceBuffer::from(d.offsets), dwt = DeviceBuffer::from(row_weight),
+               dh = DeviceBuffer::from(hidden), drt = DeviceBuffer::from(row_token);
   const bool out_bf16 = act || store_bf16;
   DeviceBuffer dout(size_t(Rp * out_cols) * (out_bf16 ? 2 : 4));
   GemmBf16Params p;
@@ -102,12 +108,19 @@ void run_case(const Bf16Case& c, Bf16Epilogue epi, bool store_bf16, uint64_t see
   p.experts = int(s.experts);
   p.n = int(N);
   p.k = int(K);
-  // One CTA per 128 rows, and pairs of CTAs sharing the weights by multicast: the same outputs.
+  // One CTA per 128 rows, and pairs of CTAs sharing the weights by multicast; A from the sorted
+  // copy, and (GEMM 1) by token from hidden: the same outputs.
   std::vector<uint8_t> first;
-  for (const int cluster : {1, 2}) {
-    SCOPED_TRACE(cluster == 1 ? "single CTAs" : "CTA pairs");
+  for (const auto& [cluster, by_token] : {std::pair{1, false}, std::pair{2, false}, std::pair{1, true},
+                                          std::pair{2, true}}) {
+    if (by_token && !act) continue;
+    SCOPED_TRACE(testing::Message() << (cluster == 1 ? "single CTAs" : "CTA pairs")
+                                    << (by_token ? ", A by token" : ", A sorted"));
     test::fill(dout.get(), 0xff, dout.bytes());  // NaN everywhere (bf16 0xffff, fp32 0xffffffff)
     p.cluster = cluster;
+    p.x = by_token ? dh.as<bf16>() : dx.as<bf16>();
+    p.x_rows = by_token ? s.tokens : Rp;
+    p.row_token = by_token ? drt.as<int32_t>() : nullptr;
     launch_gemm_bf16(p, *query_device(), nullptr, false);
     LOOM_CUDA_CHECK(cudaGetLastError());
     LOOM_CUDA_CHECK(cudaDeviceSynchronize());
@@ -129,10 +142,10 @@ void run_case(const Bf16Case& c, Bf16Epilogue epi, bool store_bf16, uint64_t see
     EXPECT_LE(e.worst_row, out_bf16 ? 1e-2 : 1e-4) << "worst sorted row " << e.worst_row_index;
     // Both walks sum each output over K in the same order: bit for bit the same.
     const std::vector<uint8_t> bytes = dout.to_host<uint8_t>();
-    if (cluster == 1)
+    if (first.empty())
       first = bytes;
     else
-      EXPECT_TRUE(bytes == first) << "pairs and single CTAs differ";
+      EXPECT_TRUE(bytes == first) << "differs from single CTAs on the sorted copy";
   }
 }
 
@@ -193,6 +206,9 @@ TEST(GemmBf16Launch, RefusesWhatTheKernelCannotTake) {
   EXPECT_THROW(launch_gemm_bf16(p, dev, nullptr, false), Error);
   p.x = p.weights;
   p.cluster = 4;
+  EXPECT_THROW(launch_gemm_bf16(p, dev, nullptr, false), Error);
+  p.cluster = 1;
+  p.row_token = p.offsets;  // A by token is GEMM 1's only
   EXPECT_THROW(launch_gemm_bf16(p, dev, nullptr, false), Error);
 }
 

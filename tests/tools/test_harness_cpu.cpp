@@ -67,6 +67,12 @@ TEST(Metrics, GlueBytesCountWhatTheGlueMustMove) {
   EXPECT_EQ(glue_bytes(s, true, true), common + R * 4096 + 4 * R * 32);
   // From ids: the ids and weights read instead of the logits, none written.
   EXPECT_EQ(glue_bytes(s, false, false), common - 4 * 4096 * 8 + 4096 * 4096 + 4 * 4096 * 32);
+  // bf16: the sorted copy is the rows themselves (2 bytes each, no scales); read by token in GEMM
+  // 1 instead, the glue moves no activations.
+  const Shape b{4096, 4096, 512, 8, 2, Mode::ffn, DType::bf16};
+  const int64_t layout_and_routes = common - 2 * 4096 * 4096;
+  EXPECT_EQ(glue_bytes(b, true, true), layout_and_routes + 2 * 4096 * 4096 + 2 * R * 4096);
+  EXPECT_EQ(glue_bytes(b, true, false), layout_and_routes);
 }
 
 TEST(Metrics, SolGemmShapesCarryTheLayerFlops) {

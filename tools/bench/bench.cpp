@@ -335,12 +335,14 @@ void measure_gpu(const BenchOptions& opt, const Plan& plan, const Shape& s, cons
   TimerOptions brief = topt;
   brief.reps = std::min(topt.reps, 200);
   const Chain chain = chain_for(plan, s.tokens, from_logits);
+  const Launches& launched = launches_for(plan, s.tokens, from_logits);
   for (const auto& [name, stages] : {std::pair{"route", Stages::route_only}, std::pair{"dispatch", Stages::dispatch_only},
                                      std::pair{"quant", Stages::quant_only}, std::pair{"glue_chain", Stages::glue_only}}) {
     // Each launch is timed once, under the name of what it does (the quantisation may ride in the
     // routing launch, the dispatch too).
     if (stages == Stages::route_only && !from_logits) continue;
     if (stages == Stages::quant_only && (chain.quant_with_route || chain.dispatch_with_quant)) continue;
+    if (stages == Stages::quant_only && launched.bf16_token_rows) continue;  // GEMM 1 reads hidden itself
     if (stages == Stages::dispatch_only && (chain.fused_route_dispatch || chain.expert_bins)) continue;
     const std::string label = stages == Stages::route_only      ? chain.route_label()
                               : stages == Stages::dispatch_only ? chain.dispatch_label()
@@ -362,7 +364,6 @@ void measure_gpu(const BenchOptions& opt, const Plan& plan, const Shape& s, cons
     r.gpu.push_back(Timed{"glue_copy", timer.time(copy, 1, L2Mode::flush, brief), Stats{}});
   }
   // ffn: each part of the GEMM stage alone (gemm = all four in order).
-  const Launches& launched = launches_for(plan, s.tokens, from_logits);
   const bool act_in_gemm1 = s.mode == Mode::ffn && (launched.bf16 || fused_act(launched.gemm));
   if (s.mode == Mode::ffn)
     for (const auto& [name, stages] : {std::pair{"gemm1", Stages::ffn_gemm1}, std::pair{"act", Stages::ffn_act},

@@ -33,9 +33,11 @@ int64_t glue_bytes(const Shape& s, bool from_logits, bool sorted_rows) {
   const int64_t R = s.routes(), rows = sorted_rows ? R : s.tokens;
   const int64_t routing = from_logits ? 4 * s.tokens * s.experts + 8 * R : 8 * R;
   const int64_t layout = 4 * (s.experts + 1) + 12 * R;
-  // hidden read once; written as e4m3 codes with their scales, or (bf16) as the rows themselves
-  const int64_t activations = 2 * s.tokens * s.hidden + (s.dtype == DType::bf16 ? 2 * rows * s.hidden
-                                                                              : rows * s.hidden + 4 * rows * quant_blocks(s.hidden));
+  // hidden read once; written as e4m3 codes with their scales, or (bf16) as the sorted rows
+  // themselves (bf16 without sorted rows: GEMM 1 reads hidden by token, the glue moves none of it)
+  const bool bf16 = s.dtype == DType::bf16;
+  const int64_t activations = bf16 ? (sorted_rows ? 2 * s.tokens * s.hidden + 2 * rows * s.hidden : 0)
+                                   : 2 * s.tokens * s.hidden + rows * s.hidden + 4 * rows * quant_blocks(s.hidden);
   return routing + layout + activations;
 }
 

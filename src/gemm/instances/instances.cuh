@@ -46,6 +46,9 @@ using Sm90Bf16TmRows = Bf16TokensOnMKernel<Bf16Epilogue::rows>;
 // ... two CTAs a cluster, 256 rows a unit, B multicast to both.
 using Sm90Bf16TmActPair = Bf16TokensOnMKernel<Bf16Epilogue::act, 2>;
 using Sm90Bf16TmRowsPair = Bf16TokensOnMKernel<Bf16Epilogue::rows, 2>;
+// ... GEMM 1 with A by token (one-row TMA boxes from hidden), alone and in pairs.
+using Sm90Bf16TmActTokens = Bf16TokensOnMKernel<Bf16Epilogue::act, 1, true>;
+using Sm90Bf16TmActPairTokens = Bf16TokensOnMKernel<Bf16Epilogue::act, 2, true>;
 
 #define LOOM_GEMM_INSTANCE(Kernel)                                                                     \
   template void launch_grouped_gemm<Kernel>(const typename Kernel::Maps&, const typename Kernel::Args&, int, size_t, \
@@ -71,5 +74,7 @@ LOOM_GEMM_INSTANCE_EXTERN(Sm90Bf16TmAct);
 LOOM_GEMM_INSTANCE_EXTERN(Sm90Bf16TmRows);
 LOOM_GEMM_INSTANCE_EXTERN(Sm90Bf16TmActPair);
 LOOM_GEMM_INSTANCE_EXTERN(Sm90Bf16TmRowsPair);
+LOOM_GEMM_INSTANCE_EXTERN(Sm90Bf16TmActTokens);
+LOOM_GEMM_INSTANCE_EXTERN(Sm90Bf16TmActPairTokens);
 
 }  // namespace loom::gemm

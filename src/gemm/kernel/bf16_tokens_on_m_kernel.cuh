@@ -27,7 +27,7 @@
 namespace loom::gemm {
 
 struct Bf16TokensOnMMaps {
-  CUtensorMap x;  // [x_rows, K] bf16, boxes of 128 rows x 64
+  CUtensorMap x;  // [x_rows, K] bf16, boxes of 128 rows x 64 (kTokenRows: [T, K], boxes of 1 row x 64)
   CUtensorMap w;  // [E * N, K] bf16, boxes of 128 rows x 64
 };
 
@@ -41,6 +41,7 @@ struct Bf16TokensOnMArgs {
   int col_blocks;  // units per row tile: act ceil(I / 128), rows ceil(N / 256)
   int inter;       // act: I
   int store_bf16;
+  const int32_t* row_token;  // kTokenRows: each sorted row's token (the row of x its A row is)
 };
 
 namespace bf16_tokens_on_m {
@@ -60,9 +61,15 @@ struct Unit {
 // 128 each) and share B: each loads one 128-row box of it and multicasts it to both, so a CTA reads
 // 16 KiB of A and 16 KiB of B from L2 per K block instead of 16 + 32. A stage is refilled only once
 // the consumers of both CTAs have freed it (each peer consumer warp arrives here too).
-template <Bf16Epilogue kEpilogue, int kCluster = 1>
+//
+// kTokenRows: A comes by token instead of from a sorted copy: each of the producer warpgroup's 128
+// threads loads its tile row's 64 bf16 of the stage from the token's hidden row (a one-row TMA box,
+// swizzled by its shared-memory address as a 128-row box would be), so no gather kernel runs.
+template <Bf16Epilogue kEpilogue, int kCluster = 1, bool kTokenRows = false>
 struct Bf16TokensOnMKernel {
   static_assert(kCluster == 1 || kCluster == 2, "one CTA, or a pair sharing B");
+  static_assert(!kTokenRows || kEpilogue == Bf16Epilogue::act, "A by token: ffn GEMM 1 (GEMM 2 reads the intermediate)");
+  static_assert(kProducerThreads == bf16_tokens_on_m::kTileRows, "a producer thread per tile row");
   using Maps = Bf16TokensOnMMaps;
   using Args = Bf16TokensOnMArgs;
   using Params = ParamRefs<Maps, Args>;
@@ -112,7 +119,8 @@ struct Bf16TokensOnMKernel {
 
   static __device__ __forceinline__ void produce(SharedStorage& s, const Params& p, const Schedule& sched) {
     using namespace bf16_tokens_on_m;
-    if (threadIdx.x == 0) {
+    const int t = threadIdx.x;  // 0..127
+    if (t == 0 || kTokenRows) {
       const Args& a = p.a;
       StageCursor st;
       for (int u = sched.first; u < sched.units; u += sched.step) {
@@ -123,23 +131,33 @@ struct Bf16TokensOnMKernel {
         const int w_row0 =
             unit.expert * a.n + (kEpilogue == Bf16Epilogue::act ? unit.nb * kBoxRows : unit.nb * kTileCols);
         const int w_row1 = kEpilogue == Bf16Epilogue::act ? w_row0 + a.inter : w_row0 + kBoxRows;
+        // kTokenRows: this thread's tile row's token (rows past the expert load token 0's row,
+        // never stored).
+        [[maybe_unused]] const int token = kTokenRows && t < unit.rows ? __ldcg(a.row_token + unit.row0 + t) : 0;
         for (int kb = 0; kb < a.kblocks; ++kb) {
           if constexpr (kCluster > 1)
             ptx::mbar_wait_cluster(&s.ring.empty[st.stage], st.phase ^ 1);  // the peer's consumers too
           else
             ptx::mbar_wait(&s.ring.empty[st.stage], st.phase ^ 1);
-          // Both B boxes land here either way (one of them from the peer's multicast).
-          ptx::mbar_arrive_expect_tx(&s.ring.full[st.stage], kATileBytes + kBTileBytes);
-          ptx::tma_load_2d(s.ring.a[st.stage], &p.maps.x, kb * kBlockK, unit.row0, &s.ring.full[st.stage]);
-          if constexpr (kCluster > 1) {
-            const int half = int(sched.rank);
-            ptx::tma_load_2d_multicast(s.ring.b[st.stage] + half * kBoxBytes, &p.maps.w, kb * kBlockK,
-                                       half == 0 ? w_row0 : w_row1, &s.ring.full[st.stage], uint16_t(0x3));
-          } else {
-            ptx::tma_load_2d(s.ring.b[st.stage], &p.maps.w, kb * kBlockK, w_row0, &s.ring.full[st.stage]);
-            ptx::tma_load_2d(s.ring.b[st.stage] + kBoxBytes, &p.maps.w, kb * kBlockK, w_row1,
-                             &s.ring.full[st.stage]);
+          if (t == 0) {
+            // Both B boxes land here either way (one of them from the peer's multicast). (The row
+            // boxes' bytes may arrive before this: the phase waits for this arrival too.)
+            ptx::mbar_arrive_expect_tx(&s.ring.full[st.stage], kATileBytes + kBTileBytes);
+            if constexpr (!kTokenRows)
+              ptx::tma_load_2d(s.ring.a[st.stage], &p.maps.x, kb * kBlockK, unit.row0, &s.ring.full[st.stage]);
+            if constexpr (kCluster > 1) {
+              const int half = int(sched.rank);
+              ptx::tma_load_2d_multicast(s.ring.b[st.stage] + half * kBoxBytes, &p.maps.w, kb * kBlockK,
+                                         half == 0 ? w_row0 : w_row1, &s.ring.full[st.stage], uint16_t(0x3));
+            } else {
+              ptx::tma_load_2d(s.ring.b[st.stage], &p.maps.w, kb * kBlockK, w_row0, &s.ring.full[st.stage]);
+              ptx::tma_load_2d(s.ring.b[st.stage] + kBoxBytes, &p.maps.w, kb * kBlockK, w_row1,
+                               &s.ring.full[st.stage]);
+            }
           }
+          if constexpr (kTokenRows)
+            ptx::tma_load_2d(s.ring.a[st.stage] + t * kBlockK * 2, &p.maps.x, kb * kBlockK, token,
+                             &s.ring.full[st.stage]);
           st.advance();
         }
       }
