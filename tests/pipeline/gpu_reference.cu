@@ -94,18 +94,20 @@ PaddedRows pad_rows(const Shape& s, const TopK& topk) {
   return p;
 }
 
-// y [rows, N] in double: each padded row (codes a, 1x128 scales as, row-major) times its expert's
-// dequantised weights (codes wq [E, N, K], 128x128 scales in segments of seg rows).
-std::vector<double> grouped_gemm_gpu(const PaddedRows& p, const std::vector<uint8_t>& a, const std::vector<float>& as,
-                                     const std::vector<uint8_t>& wq, const std::vector<float>& ws, int64_t N, int64_t K,
-                                     int64_t seg) {
+// y [rows, N] in double: each padded row times its expert's weights. fp8: codes a with 1x128 scales
+// as (row-major), weights wq [E, N, K] with 128x128 scales ws in segments of seg rows; bf16 (as and
+// ws empty): the values.
+template <bool kBf16, class A, class W>
+std::vector<double> grouped_gemm_on_gpu(const PaddedRows& p, const std::vector<A>& a, const std::vector<float>& as,
+                                        const std::vector<W>& wq, const std::vector<float>& ws, int64_t N, int64_t K,
+                                        int64_t seg) {
   if (p.tiles.empty()) return {};
   bench::DeviceBuffer da = bench::DeviceBuffer::from(a), das = bench::DeviceBuffer::from(as);
   bench::DeviceBuffer dw = bench::DeviceBuffer::from(wq), dws = bench::DeviceBuffer::from(ws);
   bench::DeviceBuffer dt = bench::DeviceBuffer::from(p.tiles);
   bench::DeviceBuffer dy(size_t(p.rows * N) * sizeof(double));
   const dim3 grid(unsigned(p.tiles.size()), unsigned((N + kTile - 1) / kTile));
-  reference_gemm_kernel<false><<<grid, 256>>>(da.get(), das.as<float>(), dw.get(), dws.as<float>(), dt.as<int2>(),
+  reference_gemm_kernel<kBf16><<<grid, 256>>>(da.get(), das.as<float>(), dw.get(), dws.as<float>(), dt.as<int2>(),
                                               int(N), int(K), int(seg), int(weight_row_blocks(N, seg)),
                                               int(quant_blocks(K)), dy.as<double>());
   LOOM_CUDA_CHECK_LAUNCH();
@@ -113,19 +115,15 @@ std::vector<double> grouped_gemm_gpu(const PaddedRows& p, const std::vector<uint
   return dy.to_host<double>();
 }
 
-// The same for bf16 rows [rows, K] and bf16 weights [E, N, K] (no scales).
+std::vector<double> grouped_gemm_gpu(const PaddedRows& p, const std::vector<uint8_t>& a, const std::vector<float>& as,
+                                     const std::vector<uint8_t>& wq, const std::vector<float>& ws, int64_t N, int64_t K,
+                                     int64_t seg) {
+  return grouped_gemm_on_gpu<false>(p, a, as, wq, ws, N, K, seg);
+}
+
 std::vector<double> grouped_gemm_bf16_gpu(const PaddedRows& p, const std::vector<bf16>& a, const std::vector<bf16>& w,
                                           int64_t N, int64_t K) {
-  if (p.tiles.empty()) return {};
-  bench::DeviceBuffer da = bench::DeviceBuffer::from(a), dw = bench::DeviceBuffer::from(w);
-  bench::DeviceBuffer dt = bench::DeviceBuffer::from(p.tiles);
-  bench::DeviceBuffer dy(size_t(p.rows * N) * sizeof(double));
-  const dim3 grid(unsigned(p.tiles.size()), unsigned((N + kTile - 1) / kTile));
-  reference_gemm_kernel<true><<<grid, 256>>>(da.get(), nullptr, dw.get(), nullptr, dt.as<int2>(), int(N), int(K),
-                                             int(N), 1, 1, dy.as<double>());
-  LOOM_CUDA_CHECK_LAUNCH();
-  LOOM_CUDA_CHECK(cudaDeviceSynchronize());
-  return dy.to_host<double>();
+  return grouped_gemm_on_gpu<true>(p, a, {}, w, {}, N, K, N);
 }
 
 // Each token's quantised hidden row copied to its routes' padded rows (padding rows: zeros).
@@ -145,15 +143,20 @@ void gather_hidden(const Shape& s, const PaddedRows& p, const std::vector<bf16>&
   }
 }
 
-// Sum over slots, in slot order, of weight * y[route's row].
-std::vector<double> combine(const PaddedRows& p, const TopK& topk, const std::vector<double>& y, int64_t N) {
+// Sum over slots, in slot order, of weight * y[route's row]; bf16_rows: each weighted row rounded
+// to bf16 first (the BF16 layer's GEMM 2 stores them so).
+std::vector<double> combine(const PaddedRows& p, const TopK& topk, const std::vector<double>& y, int64_t N,
+                            bool bf16_rows = false) {
   std::vector<double> out(size_t(topk.tokens * N), 0.0);
   for (int64_t t = 0; t < topk.tokens; ++t)
     for (int64_t j = 0; j < topk.topk; ++j) {
       const int64_t prow = p.route_row[size_t(t * topk.topk + j)];
       if (prow < 0) continue;
       const double wt = topk.weights[size_t(t * topk.topk + j)];
-      for (int64_t n = 0; n < N; ++n) out[size_t(t * N + n)] += wt * y[size_t(prow * N + n)];
+      for (int64_t n = 0; n < N; ++n) {
+        const double v = wt * y[size_t(prow * N + n)];
+        out[size_t(t * N + n)] += bf16_rows ? double(round_double_to_bf16(v)) : v;
+      }
     }
   return out;
 }
@@ -215,18 +218,8 @@ std::vector<double> reference_ffn_bf16_gpu(const LayerWeights& w, const std::vec
   silu_mul_ref(h.data(), p.rows, I, act.data());
   std::vector<bf16> a2(act.size());
   for (size_t i = 0; i < act.size(); ++i) a2[i] = float_to_bf16(act[i]);
-  const std::vector<double> y = grouped_gemm_bf16_gpu(p, a2, w.w2, H, I);
   // Each weighted route row rounded to bf16 (GEMM 2's stores), summed in slot order.
-  std::vector<double> out(size_t(topk.tokens * H), 0.0);
-  for (int64_t t = 0; t < topk.tokens; ++t)
-    for (int64_t j = 0; j < s.topk; ++j) {
-      const int64_t prow = p.route_row[size_t(t * s.topk + j)];
-      if (prow < 0) continue;
-      const double wt = topk.weights[size_t(t * s.topk + j)];
-      for (int64_t n = 0; n < H; ++n)
-        out[size_t(t * H + n)] += double(round_double_to_bf16(wt * y[size_t(prow * H + n)]));
-    }
-  return out;
+  return combine(p, topk, grouped_gemm_bf16_gpu(p, a2, w.w2, H, I), H, /*bf16_rows=*/true);
 }
 
 }  // namespace loom::test
