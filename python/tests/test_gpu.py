@@ -126,20 +126,24 @@ def test_bf16_layer_matches_the_reference_eager_and_in_a_graph(T, H, I, E, k):
     # No requantisation: the tolerance is the GEMM's own (docs/numerics.md), 2e-3 and 1e-2 per row.
     layer = make_bf16_layer(T, H, I, E, seed=T + 1)
     want, ids, weights = reference(layer, k)
+    outs = {}
     for deterministic in (False, True):
         out = run(layer, topk=k, deterministic=deterministic)
         overall, row = rel_errors(out, want)
         assert overall <= 2e-3 and row <= 1e-2, (deterministic, overall, row)
+        outs[deterministic] = out
+        # The reference's routes (its weights may differ from loom's routing in the last bit).
         by_ids = run(layer, router_logits=None, topk_ids=ids, topk_weights=weights, topk=k,
                      deterministic=deterministic)
-        assert torch.equal(by_ids, out)
+        overall, row = rel_errors(by_ids, want)
+        assert overall <= 2e-3 and row <= 1e-2, (deterministic, overall, row)
     graph = torch.cuda.CUDAGraph()
     static_out = torch.full((T, H), float("nan"), dtype=torch.bfloat16, device="cuda")
     with torch.cuda.graph(graph):
-        run(layer, topk=k, out=static_out)
+        run(layer, topk=k, out=static_out, deterministic=True)
     graph.replay()
     torch.cuda.synchronize()
-    assert torch.equal(static_out, out)
+    assert torch.equal(static_out, outs[True])
 
 
 def test_bf16_logits_are_widened():

@@ -7,8 +7,8 @@
 #include <string>
 
 #include "common/cuda_check.hpp"
-#include "common/tensor_map.hpp"
 #include "gemm/gemm_bf16.hpp"
+#include "gemm/gemm_bf16_launch.cuh"
 #include "gemm/instances/instances.cuh"
 
 namespace loom {
@@ -33,7 +33,6 @@ int resident_pairs() {
 }  // namespace
 
 void launch_gemm_bf16(const GemmBf16Params& p, const DeviceInfo& device, cudaStream_t stream, bool pdl) {
-  namespace tm = gemm::bf16_tokens_on_m;
   static const std::string who = "bf16 GEMM (tokens on M): ";
   const bool act = p.epilogue == Bf16Epilogue::act;
   if (p.n <= 0 || p.k <= 0 || p.n % 16 || p.k % 16)
@@ -49,34 +48,15 @@ void launch_gemm_bf16(const GemmBf16Params& p, const DeviceInfo& device, cudaStr
   if (int64_t(p.experts) * p.n >= (int64_t(1) << 31) || p.x_rows <= 0 || p.x_rows >= (int64_t(1) << 31))
     throw Error(who + "sizes exceed the kernel's 32-bit coordinates");
   if (reinterpret_cast<uintptr_t>(p.weights) % 16 || reinterpret_cast<uintptr_t>(p.x) % 16 ||
-      reinterpret_cast<uintptr_t>(p.out) % 8)
-    throw Error(who + "weights and rows must be 16-byte aligned, the output 8-byte aligned");
-  gemm::Bf16TokensOnMMaps maps{};
+      reinterpret_cast<uintptr_t>(p.out) % 16)
+    throw Error(who + "weights, rows and the output must be 16-byte aligned");
   const bool tokens = p.row_token != nullptr;
   if (tokens && !act) throw Error(who + "A by token (row_token) is GEMM 1's (the act epilogue)");
-  // By token: one-row boxes, each landing at its tile row's address (the swizzle follows it).
-  maps.x = make_tensor_map_2d(p.x, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, uint64_t(p.x_rows), uint64_t(p.k),
-                              uint64_t(p.k) * 2, tokens ? 1 : tm::kBoxRows, tm::kBlockK, TmaSwizzle::b128);
-  maps.w = make_tensor_map_2d(p.weights, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, uint64_t(p.experts) * p.n,
-                              uint64_t(p.k), uint64_t(p.k) * 2, tm::kBoxRows, tm::kBlockK, TmaSwizzle::b128);
-  gemm::Bf16TokensOnMArgs a{};
-  a.offsets = p.offsets;
-  a.counts = nullptr;
-  a.stride = 0;
-  a.row_weight = p.row_weight;
-  a.out = p.out;
-  a.experts = p.experts;
-  a.n = p.n;
-  a.k = p.k;
-  a.kblocks = (p.k + tm::kBlockK - 1) / tm::kBlockK;
-  a.col_blocks = act ? (p.inter + tm::kBoxRows - 1) / tm::kBoxRows : (p.n + tm::kTileCols - 1) / tm::kTileCols;
-  a.inter = p.inter;
-  a.store_bf16 = p.store_bf16 ? 1 : 0;
-  a.row_token = p.row_token;
+  if (tokens && p.out_rows <= 0) throw Error(who + "A by token needs out_rows (the intermediate's rows)");
   // Persistent: one CTA per SM (pairs: as many as fit at once); the row tiles are known only on the
   // device.
   using namespace gemm;
-  auto launch = [&]<class K>(int grid) { launch_grouped_gemm<K>(maps, a, grid, launch_smem_bytes<K>, stream, pdl); };
+  auto launch = [&]<class K>(int grid) { launch_bf16_instance<K>(p, grid, stream, pdl); };
   if (p.cluster == 1) {
     if (tokens)
       launch.operator()<Sm90Bf16TmActTokens>(device.sm_count);

@@ -29,6 +29,7 @@ struct GemmBf16Params {
   const bf16* x = nullptr;          // [x_rows, K]: the expert-sorted rows (expert e's at offsets[e]..), or
                                     // with row_token the token-order rows (hidden [T, K])
   int64_t x_rows = 0;               // >= offsets[E] (row_token: T); rows past the routed ones are never written out
+  int64_t out_rows = 0;             // the output's rows, >= offsets[E]; 0: x_rows (required with row_token)
   // act only: A by token, sorted row r reading x[row_token[r]] (one-row TMA boxes in the
   // producer; no gather kernel). null: x holds the sorted rows.
   const int32_t* row_token = nullptr;

@@ -172,6 +172,7 @@ void run_stages(const Plan& p, const Weights& w, const Inputs& in, void* output,
     g1.weights = static_cast<const bf16*>(w.w1);
     g1.x = token_rows ? static_cast<const bf16*>(in.hidden) : at<const bf16>(workspace, L.x);
     g1.x_rows = token_rows ? T : rows;
+    g1.out_rows = rows;
     g1.row_token = token_rows ? dp.row_token : nullptr;
     g1.offsets = dp.offsets;
     g1.epilogue = Bf16Epilogue::act;

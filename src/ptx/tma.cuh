@@ -23,6 +23,14 @@ __device__ __forceinline__ void tma_load_2d_multicast(void* dst, const CUtensorM
   cuda::ptx::cp_async_bulk_tensor(cuda::ptx::space_cluster, cuda::ptx::space_global, dst, map, coords, bar, cta_mask);
 }
 
+// 2-D tile store from this CTA's shared memory into the tensor (coordinates past its bounds are
+// not written); completion by bulk group: bulk_commit(), then bulk_wait_read() before `src` is
+// written again. Generic-proxy writes to `src` need fence_proxy_async_shared() first.
+__device__ __forceinline__ void tma_store_2d(const CUtensorMap* map, const void* src, int32_t c0, int32_t c1) {
+  const int32_t coords[2] = {c0, c1};
+  cuda::ptx::cp_async_bulk_tensor(cuda::ptx::space_global, cuda::ptx::space_shared, map, coords, src);
+}
+
 // 1-D bulk copy of `bytes` (a multiple of 16; both addresses 16-byte aligned) from global memory
 // into this CTA's shared memory; completion counted on `bar` in bytes.
 __device__ __forceinline__ void bulk_load(void* dst, const void* src, uint32_t bytes, uint64_t* bar) {

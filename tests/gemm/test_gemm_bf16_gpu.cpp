@@ -121,6 +121,7 @@ void run_case(const Bf16Case& c, Bf16Epilogue epi, bool store_bf16, uint64_t see
     p.x = by_token ? dh.as<bf16>() : dx.as<bf16>();
     p.x_rows = by_token ? s.tokens : Rp;
     p.row_token = by_token ? drt.as<int32_t>() : nullptr;
+    p.out_rows = Rp;
     launch_gemm_bf16(p, *query_device(), nullptr, false);
     LOOM_CUDA_CHECK(cudaGetLastError());
     LOOM_CUDA_CHECK(cudaDeviceSynchronize());
@@ -209,6 +210,10 @@ TEST(GemmBf16Launch, RefusesWhatTheKernelCannotTake) {
   EXPECT_THROW(launch_gemm_bf16(p, dev, nullptr, false), Error);
   p.cluster = 1;
   p.row_token = p.offsets;  // A by token is GEMM 1's only
+  EXPECT_THROW(launch_gemm_bf16(p, dev, nullptr, false), Error);
+  p.epilogue = Bf16Epilogue::act;
+  p.inter = 64;
+  p.out_rows = 0;  // by token, the intermediate's rows must be given
   EXPECT_THROW(launch_gemm_bf16(p, dev, nullptr, false), Error);
 }
 

@@ -54,4 +54,42 @@ __device__ __forceinline__ void store_rows(void* out, int n, int bf16, const flo
   }
 }
 
+// Staged: a warpgroup's 64 full rows of bf16 output go to shared memory in boxes of 64 rows x 64
+// columns, 128-byte swizzled as a TMA store reads them (a row's 16-byte chunk c at c ^ (row % 8):
+// the 8 rows a warp writes at once fall in 8 distinct chunks, no bank conflicts), and leave by TMA
+// stores while the consumers go on to the next unit's MMAs.
+inline constexpr int kOutBoxCols = 64;
+inline constexpr int kOutBoxBytes = 64 * kOutBoxCols * 2;
+static_assert(kOutBoxCols * 2 == 128, "an output box row is one 128-byte swizzle row");
+
+// Row r (0..63 of the warpgroup's rows), columns col and col + 1 (col even, of the tile's output).
+__device__ __forceinline__ void stage_bf16_pair(uint8_t* staging, int r, int col, float v0, float v1) {
+  const int box = col / kOutBoxCols, chunk = col % kOutBoxCols / 8;
+  uint8_t* dst = staging + box * kOutBoxBytes + r * 128 + ((chunk ^ (r % 8)) << 4) + (col % 8) * 2;
+  *reinterpret_cast<__nv_bfloat162*>(dst) = __floats2bfloat162_rn(v0, v1);
+}
+
+// store_act's values into the staging boxes (two: the tile's 128 intermediate columns).
+__device__ __forceinline__ void stage_act(uint8_t* staging, const float (&acc)[128], int r, int q) {
+#pragma unroll
+  for (int j = 0; j < 16; ++j) {
+    const int col = 8 * j + 2 * q;
+    stage_bf16_pair(staging, r, col, quant_detail::silu_mul(acc[4 * j], acc[4 * j + 64]),
+                    quant_detail::silu_mul(acc[4 * j + 1], acc[4 * j + 65]));
+    stage_bf16_pair(staging, r + 8, col, quant_detail::silu_mul(acc[4 * j + 2], acc[4 * j + 66]),
+                    quant_detail::silu_mul(acc[4 * j + 3], acc[4 * j + 67]));
+  }
+}
+
+// store_rows' bf16 values into the staging boxes (four: the tile's 256 columns).
+__device__ __forceinline__ void stage_rows(uint8_t* staging, const float (&acc)[128], int r, float weight,
+                                           float weight8, int q) {
+#pragma unroll
+  for (int j = 0; j < 32; ++j) {
+    const int col = 8 * j + 2 * q;
+    stage_bf16_pair(staging, r, col, weight * acc[4 * j], weight * acc[4 * j + 1]);
+    stage_bf16_pair(staging, r + 8, col, weight8 * acc[4 * j + 2], weight8 * acc[4 * j + 3]);
+  }
+}
+
 }  // namespace loom::gemm::bf16_tokens_on_m

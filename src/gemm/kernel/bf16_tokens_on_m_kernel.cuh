@@ -19,16 +19,20 @@
 #include "gemm/kernel/grouped_gemm_sm90.cuh"
 #include "gemm/mainloop/bf16_tokens_on_m.cuh"
 #include "gemm/scheduler/expert_tiles.cuh"
+#include "ptx/barrier.cuh"
 #include "ptx/cluster.cuh"
+#include "ptx/cp_async.cuh"
 #include "ptx/mbarrier.cuh"
 #include "ptx/pdl.cuh"
+#include "ptx/red.cuh"
 #include "ptx/tma.cuh"
 
 namespace loom::gemm {
 
 struct Bf16TokensOnMMaps {
-  CUtensorMap x;  // [x_rows, K] bf16, boxes of 128 rows x 64 (kTokenRows: [T, K], boxes of 1 row x 64)
+  CUtensorMap x;  // [x_rows, K] bf16, boxes of 128 rows x 64 (unused with kTokenRows)
   CUtensorMap w;  // [E * N, K] bf16, boxes of 128 rows x 64
+  CUtensorMap out;  // kStaged: the bf16 output [x_rows, I or N], boxes of 64 rows x 64 (unused otherwise)
 };
 
 struct Bf16TokensOnMArgs {
@@ -42,14 +46,27 @@ struct Bf16TokensOnMArgs {
   int inter;       // act: I
   int store_bf16;
   const int32_t* row_token;  // kTokenRows: each sorted row's token (the row of x its A row is)
+  const uint16_t* x;         // kTokenRows: the token-order rows [T, K] bf16
 };
 
 namespace bf16_tokens_on_m {
 
+// kOutBytes: each consumer warpgroup's staging of its rows' output (0: stored from registers).
+template <int kStages, int kOutBytes>
 struct alignas(1024) Storage {
-  StageTiles ring;
+  uint8_t out[2][kOutBytes];  // first: 1024-aligned boxes, and the ring's tiles after them too
+  StageTiles<kStages> ring;
   ExpertTiles tiles;
+  int32_t row_token[kTileRows];  // by token: the tokens of the unit's rows (-1 past its rows)
 };
+template <int kStages>
+struct alignas(1024) Storage<kStages, 0> {
+  StageTiles<kStages> ring;
+  ExpertTiles tiles;
+  int32_t row_token[kTileRows];
+};
+
+inline constexpr uint32_t kGatherBarrier = 3;  // the producer warpgroup's (1 and 2: the consumers' staging)
 
 struct Unit {
   int expert, row0, rows, nb;  // the tile's first sorted row, its rows (at most 128), its weight block
@@ -62,10 +79,18 @@ struct Unit {
 // 16 KiB of A and 16 KiB of B from L2 per K block instead of 16 + 32. A stage is refilled only once
 // the consumers of both CTAs have freed it (each peer consumer warp arrives here too).
 //
-// kTokenRows: A comes by token instead of from a sorted copy: each of the producer warpgroup's 128
-// threads loads its tile row's 64 bf16 of the stage from the token's hidden row (a one-row TMA box,
-// swizzled by its shared-memory address as a 128-row box would be), so no gather kernel runs.
-template <Bf16Epilogue kEpilogue, int kCluster = 1, bool kTokenRows = false>
+// kStaged: a consumer warpgroup's 64 rows, when all are the expert's, leave as bf16 through shared
+// memory by TMA stores (epilogue/bf16_rows.cuh) instead of from registers, so the MMAs of the next
+// unit start while they drain; a warpgroup with rows past its expert's end (they are the next
+// expert's) stores from registers.
+//
+// kTokenRows: A comes by token instead of from a sorted copy, so no gather kernel runs: the producer
+// warpgroup's 128 threads copy the stage's 128 rows x 128 bytes from the tokens' rows by cp.async,
+// 16 bytes each (8 threads a row, 16 rows a pass), into the 128-byte-swizzled layout a TMA box has
+// (16-byte piece c of row r at r * 128 + (c ^ (r % 8)) * 16); rows past the unit are zero-filled.
+// Each thread's copies arrive on the stage's full barrier (noinc) beside thread 0's expect_tx for B;
+// the consumers fence the async proxy before their MMAs read them.
+template <Bf16Epilogue kEpilogue, int kCluster = 1, bool kTokenRows = false, int kStages = 4, bool kStaged = false>
 struct Bf16TokensOnMKernel {
   static_assert(kCluster == 1 || kCluster == 2, "one CTA, or a pair sharing B");
   static_assert(!kTokenRows || kEpilogue == Bf16Epilogue::act, "A by token: ffn GEMM 1 (GEMM 2 reads the intermediate)");
@@ -73,10 +98,13 @@ struct Bf16TokensOnMKernel {
   using Maps = Bf16TokensOnMMaps;
   using Args = Bf16TokensOnMArgs;
   using Params = ParamRefs<Maps, Args>;
-  using SharedStorage = bf16_tokens_on_m::Storage;
+  static constexpr int kOutBytes =
+      kStaged ? (kEpilogue == Bf16Epilogue::act ? 2 : 4) * bf16_tokens_on_m::kOutBoxBytes : 0;
+  using SharedStorage = bf16_tokens_on_m::Storage<kStages, kOutBytes>;
   using Unit = bf16_tokens_on_m::Unit;
-  using StageCursor = bf16_tokens_on_m::StageCursor;
-  static constexpr uint32_t kProducerRegs = 40, kConsumerRegs = 232;
+  using StageCursor = PipelineState<kStages>;
+  // By token every producer thread gathers: it takes registers from the consumers.
+  static constexpr uint32_t kProducerRegs = kTokenRows ? 56 : 40, kConsumerRegs = kTokenRows ? 224 : 232;
   static constexpr unsigned kClusterX = kCluster;
   static constexpr int kTileRows = bf16_tokens_on_m::kTileRows, kBlockK = bf16_tokens_on_m::kBlockK;
   static constexpr int kUnitRows = kTileRows * kCluster;  // expert rows per unit (over the cluster)
@@ -96,14 +124,15 @@ struct Bf16TokensOnMKernel {
   }
 
   static __device__ __forceinline__ void init(SharedStorage& s, const Params&) {
-    for (int i = 0; i < bf16_tokens_on_m::kStages; ++i) {
-      ptx::mbar_init(&s.ring.full[i], 1);
+    for (int i = 0; i < kStages; ++i) {
+      ptx::mbar_init(&s.ring.full[i], kTokenRows ? 1 + kProducerThreads : 1);
       ptx::mbar_init(&s.ring.empty[i], kConsumerWarps * kReleaseArrivalsPerWarp + (kCluster - 1) * kConsumerWarps);
     }
   }
   static __device__ __forceinline__ void prefetch(const Params& p) {
-    ptx::prefetch_tensormap(&p.maps.x);
+    if constexpr (!kTokenRows) ptx::prefetch_tensormap(&p.maps.x);
     ptx::prefetch_tensormap(&p.maps.w);
+    if constexpr (kStaged) ptx::prefetch_tensormap(&p.maps.out);
   }
 
   // The offsets (and the sorted rows) are the kernels' before this one.
@@ -131,18 +160,20 @@ struct Bf16TokensOnMKernel {
         const int w_row0 =
             unit.expert * a.n + (kEpilogue == Bf16Epilogue::act ? unit.nb * kBoxRows : unit.nb * kTileCols);
         const int w_row1 = kEpilogue == Bf16Epilogue::act ? w_row0 + a.inter : w_row0 + kBoxRows;
-        // kTokenRows: this thread's tile row's token (rows past the expert load token 0's row,
-        // never stored).
-        [[maybe_unused]] const int token = kTokenRows && t < unit.rows ? __ldcg(a.row_token + unit.row0 + t) : 0;
+        if constexpr (kTokenRows) {
+          // Every thread has issued the previous unit's copies (their addresses are taken at issue).
+          ptx::named_barrier_sync(kGatherBarrier, kProducerThreads);
+          s.row_token[t] = t < unit.rows ? __ldcg(a.row_token + unit.row0 + t) : -1;
+          ptx::named_barrier_sync(kGatherBarrier, kProducerThreads);
+        }
         for (int kb = 0; kb < a.kblocks; ++kb) {
           if constexpr (kCluster > 1)
             ptx::mbar_wait_cluster(&s.ring.empty[st.stage], st.phase ^ 1);  // the peer's consumers too
           else
             ptx::mbar_wait(&s.ring.empty[st.stage], st.phase ^ 1);
           if (t == 0) {
-            // Both B boxes land here either way (one of them from the peer's multicast). (The row
-            // boxes' bytes may arrive before this: the phase waits for this arrival too.)
-            ptx::mbar_arrive_expect_tx(&s.ring.full[st.stage], kATileBytes + kBTileBytes);
+            // Both B boxes land here either way (one of them from the peer's multicast).
+            ptx::mbar_arrive_expect_tx(&s.ring.full[st.stage], kTokenRows ? kBTileBytes : kATileBytes + kBTileBytes);
             if constexpr (!kTokenRows)
               ptx::tma_load_2d(s.ring.a[st.stage], &p.maps.x, kb * kBlockK, unit.row0, &s.ring.full[st.stage]);
             if constexpr (kCluster > 1) {
@@ -155,9 +186,20 @@ struct Bf16TokensOnMKernel {
                                &s.ring.full[st.stage]);
             }
           }
-          if constexpr (kTokenRows)
-            ptx::tma_load_2d(s.ring.a[st.stage] + t * kBlockK * 2, &p.maps.x, kb * kBlockK, token,
-                             &s.ring.full[st.stage]);
+          if constexpr (kTokenRows) {
+            constexpr int kPieces = kBlockK * 2 / 16;  // 16-byte pieces of a row's stage
+            const int piece = t % kPieces, kcol = kb * kBlockK + piece * 8;
+            uint8_t* tile = s.ring.a[st.stage];
+#pragma unroll
+            for (int r = t / kPieces; r < kTileRows; r += kProducerThreads / kPieces) {
+              const int token = s.row_token[r];
+              const bool ok = token >= 0 && kcol < a.k;
+              const uint16_t* src = ok ? a.x + int64_t(token) * a.k + kcol : a.x;
+              ptx::cp_async_16_zfill(ptx::smem_u32(tile + r * kBlockK * 2 + ((piece ^ (r % 8)) << 4)), src,
+                                     ok ? 16u : 0u);
+            }
+            ptx::cp_async_mbar_arrive_noinc(&s.ring.full[st.stage]);
+          }
           st.advance();
         }
       }
@@ -183,11 +225,42 @@ struct Bf16TokensOnMKernel {
     };
     StageCursor st;
     float acc[128];
+    // kStaged: the warpgroup's first thread issues its stores and waits for them (bulk groups are
+    // per thread); named barrier 1 + consumer keeps the staging between them.
+    [[maybe_unused]] const bool leader = threadIdx.x % 128 == 0;
+    [[maybe_unused]] const int rw = r - 64 * consumer;  // the thread's first row of the warpgroup's 64
     for (int u = sched.first; u < sched.units; u += sched.step) {
       const Unit unit = decode(s, a, u, sched.rank);
-      k_loop(s.ring, acc, a.kblocks, consumer, st, release);
+      k_loop<kTokenRows>(s.ring, acc, a.kblocks, consumer, st, release);
       const int64_t row = unit.row0 + r, row8 = row + 8;
       const bool ok = r < unit.rows, ok8 = r + 8 < unit.rows;
+      if constexpr (kStaged) {
+        if (64 * consumer + 64 <= unit.rows && (kEpilogue == Bf16Epilogue::act || a.store_bf16)) {
+          uint8_t* staging = s.out[consumer];
+          if (leader) ptx::bulk_wait_read();  // the previous unit's stores have read the staging
+          ptx::named_barrier_sync(1 + consumer, 128);
+          int col0, cols;
+          if constexpr (kEpilogue == Bf16Epilogue::act) {
+            stage_act(staging, acc, rw, q);
+            col0 = unit.nb * kBoxRows, cols = a.inter;
+          } else {
+            stage_rows(staging, acc, rw, a.row_weight ? __ldcg(a.row_weight + row) : 1.0f,
+                       a.row_weight ? __ldcg(a.row_weight + row8) : 1.0f, q);
+            col0 = unit.nb * kTileCols, cols = a.n;
+          }
+          ptx::fence_proxy_async_shared();  // the generic writes, before the async proxy reads them
+          ptx::named_barrier_sync(1 + consumer, 128);
+          if (leader) {
+#pragma unroll
+            for (int b = 0; b < kOutBytes / kOutBoxBytes; ++b)
+              if (col0 + b * kOutBoxCols < cols)  // (a box's columns past I or N are not written)
+                ptx::tma_store_2d(&p.maps.out, staging + b * kOutBoxBytes, col0 + b * kOutBoxCols,
+                                  unit.row0 + 64 * consumer);
+            ptx::bulk_commit();
+          }
+          continue;
+        }
+      }
       if constexpr (kEpilogue == Bf16Epilogue::act) {
         store_act(a.out, a.inter, acc, row, ok, row8, ok8, unit.nb, q);
       } else {
@@ -196,6 +269,8 @@ struct Bf16TokensOnMKernel {
         store_rows(a.out, a.n, a.store_bf16, acc, row, ok, w, row8, ok8, w8, unit.nb * kTileCols, q);
       }
     }
+    if constexpr (kStaged)
+      if (leader) ptx::bulk_wait();  // the stores have read the staging (and written) before the CTA exits
     if constexpr (kCluster > 1) ptx::cluster_sync();
   }
 };

@@ -10,6 +10,7 @@
 #include "gemm/gemm_bf16.hpp"
 #include "gemm/ring_cursor.cuh"
 #include "ptx/mbarrier.cuh"
+#include "ptx/tma.cuh"
 #include "ptx/wgmma.cuh"
 
 namespace loom::gemm::bf16_tokens_on_m {
@@ -21,16 +22,16 @@ inline constexpr int kBoxRows = 128;  // TMA boxes of 128 rows: A is one, B two 
 inline constexpr int kATileBytes = kTileRows * kBlockK * 2;
 inline constexpr int kBTileBytes = kTileCols * kBlockK * 2;
 inline constexpr int kBoxBytes = kBoxRows * kBlockK * 2;
-// 48 KiB a stage: four fit beside the scheduler's tables.
-inline constexpr int kStages = 4;
 static_assert(kBlockK * 2 == 128, "a stage's K is one 128-byte swizzled row");
 static_assert(kTileRows == 2 * 64, "two consumer warpgroups of 64 rows");
 static_assert(kTileCols == 2 * kBoxRows, "B is two 128-row boxes (gate and up blocks in the act epilogue)");
 static_assert(kATileBytes % 1024 == 0 && kBoxBytes % 1024 == 0, "128-byte-swizzled tiles on 1024-byte boundaries");
 
-using StageCursor = PipelineState<kStages>;
-
+// 48 KiB a stage: three or four fit beside the scheduler's tables (and the epilogue's staging).
+template <int kStagesT>
 struct StageTiles {
+  static constexpr int kStages = kStagesT;
+  static_assert(kStages >= 2, "a ring refills one stage while the MMAs read another");
   uint8_t a[kStages][kATileBytes];
   uint8_t b[kStages][kBTileBytes];
   uint64_t full[kStages];   // the producer's arrive.expect_tx
@@ -40,13 +41,15 @@ struct StageTiles {
 
 // One unit's K loop for consumer warpgroup `consumer`: acc = A rows x B^T over kblocks stages,
 // starting at stage `st` (advanced past them); release(stage) frees a stage whose MMAs are done.
-template <class Release>
-__device__ __forceinline__ void k_loop(StageTiles& s, float (&acc)[128], int kblocks, int consumer, StageCursor& st,
-                                       const Release& release) {
+// kGenericA: A arrived by cp.async (generic proxy), which the MMAs read through the async proxy.
+template <bool kGenericA, class Tiles, class Release>
+__device__ __forceinline__ void k_loop(Tiles& s, float (&acc)[128], int kblocks, int consumer,
+                                       PipelineState<Tiles::kStages>& st, const Release& release) {
   using Mma = ptx::WgmmaBf16<kTileCols>;
-  StageCursor prev = st;
+  PipelineState<Tiles::kStages> prev = st;
   for (int kb = 0; kb < kblocks; ++kb) {
     ptx::mbar_wait(&s.full[st.stage], st.phase);
+    if constexpr (kGenericA) ptx::fence_proxy_async_shared();
     const uint64_t desc_a = ptx::smem_desc_k_major_sw128(&s.a[st.stage][consumer * 64 * kBlockK * 2]);
     const uint64_t desc_b = ptx::smem_desc_k_major_sw128(&s.b[st.stage][0]);
 #pragma unroll
