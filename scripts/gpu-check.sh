@@ -12,7 +12,7 @@
 #   SKIP_PYTHON      set: skip the Python package's pytest, tools/torch_bench.py, the example and
 #                    tools/bf16_peers.py (after the bench runs; run where torch is)
 #   SKIP_SKELETON    set: skip the lab's probes (`loom-lab skeleton`, `gather-probe`, `stream-probe`,
-#                    `warp-probe`; ~10 s; a build with the lab only)
+#                    `warp-probe`, `bf16-variants`; ~60 s; a build with the lab only)
 #   CHECK_BENCH      `loom bench` runs, ';'-separated argument lists (default: docs/perf/current.md's;
 #                    '-' none)
 set -uo pipefail
@@ -89,7 +89,7 @@ if [ -z "${SKIP_PEAKS:-}" ]; then
 fi
 
 if [ -z "${SKIP_SKELETON:-}" ] && [ -x "$lab" ]; then
-  for probe in skeleton gather-probe stream-probe warp-probe; do
+  for probe in skeleton gather-probe stream-probe warp-probe bf16-variants; do
     "$lab" "$probe" > "$out/logs/$probe.txt" 2> "$out/logs/$probe.err"
     note "$probe: rc=$?"
   done
@@ -99,7 +99,7 @@ fi
 # skewed distributions; the same for the ffn layer (qwen35-layer); the glue where few experts make
 # its bins contend (H 4096, E 8, k 2).
 runs=()
-[ "${CHECK_BENCH:-}" != "-" ] && IFS=';' read -r -a runs <<< "${CHECK_BENCH:---preset qwen35-single --tokens 1,8,32,128,512,2048,8192;--preset qwen35-single --tokens 1,128,2048 --deterministic;--preset qwen35-single --tokens 1,128 --no-pdl --no-check;--preset qwen35-single --tokens 1,128 --eager --no-check;--preset qwen35-single --dist zipf:1.2 --no-check;--preset qwen35-single --dist hot:0.9 --no-check;--preset qwen35-single --dist concentrated --no-check;--preset qwen35-layer --tokens 1,8,32,128,512,2048,8192;--preset qwen35-layer --tokens 1,8,32,128,512,2048,8192 --deterministic;--preset qwen35-layer --tokens 1,128,2048,8192 --dist zipf:1.2 --no-check;--preset qwen35-layer --tokens 1,128,2048,8192 --dist hot:0.9 --no-check;--preset qwen35-single --hidden 4096 --experts 8 --topk 2 --tokens 1,128,4096,16384 --no-check;--preset h200-bf16 --tokens 512,2048,8192,32768}"
+[ "${CHECK_BENCH:-}" != "-" ] && IFS=';' read -r -a runs <<< "${CHECK_BENCH:---preset qwen35-single --tokens 1,8,32,128,512,2048,8192;--preset qwen35-single --tokens 1,128,2048 --deterministic;--preset qwen35-single --tokens 1,128 --no-pdl --no-check;--preset qwen35-single --tokens 1,128 --eager --no-check;--preset qwen35-single --dist zipf:1.2 --no-check;--preset qwen35-single --dist hot:0.9 --no-check;--preset qwen35-single --dist concentrated --no-check;--preset qwen35-layer --tokens 1,8,32,128,512,2048,8192;--preset qwen35-layer --tokens 1,8,32,128,512,2048,8192 --deterministic;--preset qwen35-layer --tokens 1,128,2048,8192 --dist zipf:1.2 --no-check;--preset qwen35-layer --tokens 1,128,2048,8192 --dist hot:0.9 --no-check;--preset qwen35-single --hidden 4096 --experts 8 --topk 2 --tokens 1,128,4096,16384 --no-check;--preset h200-bf16 --tokens 1,64,512,2048,8192,32768;--preset h200-bf16 --tokens 8192 --deterministic;--preset h200-bf16 --tokens 8192 --dist balanced --no-check;--preset h200-bf16 --tokens 8192 --dist zipf:1.2 --no-check;--preset h200-bf16 --tokens 8192 --dist hot:0.5 --no-check}"
 : > "$out/logs/bench-manifest.tsv"
 i=0
 for run in "${runs[@]}"; do

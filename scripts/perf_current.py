@@ -89,6 +89,23 @@ def main():
                        f"{fmt(ratio, '{:.3f}')} | {fmt(tflops)} | {stages}{fmt(glue_ratio, '{:.2f}')} | "
                        f"{fmt(check, '{:.1e}')} |")
         out.append("")
+    peers = os.path.join(base, "bf16_peers.json")  # the BF16 layer's peers, where gpu-check ran them
+    if os.path.exists(peers):
+        t = json.load(open(peers))
+        sh = t["shape"]
+        out += ["## `python3 tools/bf16_peers.py --loom-json <the h200-bf16 run above>` (BF16 peers, same run)", "",
+                f"H={sh['hidden']} I={sh['inter']} E={sh['experts']} k={sh['topk']}, the two GEMMs on the same "
+                "expert-sorted rows, CUDA graph replays, median (µs; TFLOP/s on 6 T k H I). loom's columns are "
+                "the bench run's GEMMs alone and end to end.", "",
+                "| T | torch._grouped_mm | cuBLAS per expert | loom GEMMs | loom e2e |",
+                "| ---: | ---: | ---: | ---: | ---: |"]
+        for r in t["rows"]:
+            def cell(key):
+                us = r.get(key)
+                return f"{us:.1f} ({r['flops'] / (us * 1e6):.0f})" if us else "-"
+            out.append(f"| {r['tokens']} | {cell('grouped_mm_us')} | {cell('cublas_per_expert_us')} | "
+                       f"{cell('loom_gemm_us')} | {cell('loom_e2e_us')} |")
+        out.append("")
     front = os.path.join(base, "torch_bench.json")  # the Python front's cost, where gpu-check ran it
     if os.path.exists(front):
         t = json.load(open(front))

@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "args.hpp"
+#include "bf16_variants/bf16_variants_sm90.cuh"
 #include "phase_profile/phase_profile.cuh"
 #include "probes/gather_probe_sm90.cuh"
 #include "probes/mma_skeleton_sm90.cuh"
@@ -37,6 +38,11 @@ usage:
                          the stage and the A fragments, the MMAs, the promotion; the producer's and
                          the combine warp's waits) over N cold launches on the workspace of a full
                          run, and the SM clock it ran at (default qwen35-single, T=2048, 200 runs)
+  loom-lab bf16-variants [--tokens T,...] [--repeats R] [--uneven]   the BF16 ffn GEMMs (h200-bf16
+                         shape) on the product's kernel and on the lab's variants (4 stages with the
+                         epilogue from registers, CTA pairs sharing B by multicast, GEMM 1's A by
+                         token): every variant's outputs equal to the product's bit for bit, then
+                         medians of R rounds alternating them (default T=2048,8192,32768, 10 rounds)
   loom-lab help          this text
 )";
 
@@ -96,6 +102,23 @@ int cmd_phase_profile(int argc, char** argv) {
 
 }  // namespace
 
+int cmd_bf16_variants(int argc, char** argv) {
+  const Args a(rest(argc, argv), {"tokens", "repeats"}, {"uneven"});
+  loom::lab::Bf16VariantsOptions opt;
+  if (a.has("tokens")) {
+    opt.tokens.clear();
+    for (int64_t t : a.integer_list("tokens")) {
+      if (t < 1 || t > (int64_t(1) << 20)) throw Error("--tokens must be in [1, 2^20]");
+      opt.tokens.push_back(int(t));
+    }
+  }
+  opt.repeats = int(a.integer("repeats", opt.repeats));
+  opt.uneven = a.has("uneven");
+  if (opt.repeats < 0) throw Error("--repeats must be >= 0");
+  std::cout << loom::lab::run_bf16_variants(opt, std::cerr) << std::flush;
+  return 0;
+}
+
 int main(int argc, char** argv) {
   const std::string cmd = argc > 1 ? argv[1] : "help";
   try {
@@ -104,6 +127,7 @@ int main(int argc, char** argv) {
     if (cmd == "stream-probe") return cmd_stream_probe(argc, argv);
     if (cmd == "warp-probe") return cmd_warp_probe(argc, argv);
     if (cmd == "phase-profile") return cmd_phase_profile(argc, argv);
+    if (cmd == "bf16-variants") return cmd_bf16_variants(argc, argv);
     if (cmd == "help" || cmd == "--help" || cmd == "-h") {
       std::cout << kUsage;
       return 0;

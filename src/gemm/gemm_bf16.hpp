@@ -26,13 +26,8 @@ enum class Bf16Epilogue { act, rows };
 
 struct GemmBf16Params {
   const bf16* weights = nullptr;    // [E, N, K], K-major
-  const bf16* x = nullptr;          // [x_rows, K]: the expert-sorted rows (expert e's at offsets[e]..), or
-                                    // with row_token the token-order rows (hidden [T, K])
-  int64_t x_rows = 0;               // >= offsets[E] (row_token: T); rows past the routed ones are never written out
-  int64_t out_rows = 0;             // the output's rows, >= offsets[E]; 0: x_rows (required with row_token)
-  // act only: A by token, sorted row r reading x[row_token[r]] (one-row TMA boxes in the
-  // producer; no gather kernel). null: x holds the sorted rows.
-  const int32_t* row_token = nullptr;
+  const bf16* x = nullptr;          // [x_rows, K]: the expert-sorted rows (expert e's at offsets[e]..)
+  int64_t x_rows = 0;               // >= offsets[E]; rows past the routed ones are never written out
   const int32_t* offsets = nullptr; // [E+1]
   Bf16Epilogue epilogue = Bf16Epilogue::rows;
   // rows: out[r, n] = row_weight[r] * (x[r] . W[e(r), n]) for the sorted rows r < offsets[E],
@@ -43,12 +38,13 @@ struct GemmBf16Params {
   bool store_bf16 = false;
   int inter = 0;                    // act: I (N = 2I; w13's gate rows 0..I-1, up rows I..2I-1)
   int experts = 0, n = 0, k = 0;
-  // 2: CTAs in pairs (thread-block clusters), a pair per 256 expert rows, each CTA loading half of
-  // the unit's weight rows and multicasting it to both (half the weight bytes from L2 per CTA).
-  int cluster = 1;
 };
 
-// Launches the kernel, one persistent CTA per SM of `device`. Throws loom::Error for what it cannot
+// Throws loom::Error for what the kernel cannot take (shapes, alignment, null pointers).
+void check_gemm_bf16(const GemmBf16Params& p);
+
+// Launches the kernel, one persistent CTA per SM of `device` (the lab's variants, CTA pairs and A by
+// token, measured slower: lab/bf16_variants/). Throws loom::Error for what it cannot
 // take (shapes, alignment, null pointers) and on launch failure.
 void launch_gemm_bf16(const GemmBf16Params& p, const DeviceInfo& device, cudaStream_t stream, bool pdl);
 

@@ -1,5 +1,7 @@
 // One launch of a BF16 tokens-on-M instance from checked params (launch_gemm_bf16 checks them):
-// its TMA descriptors and arguments. The launcher's, and the lab's where it compares instances.
+// its TMA descriptors and arguments. The launcher's, and the lab's variants' (lab/bf16_variants/):
+// row_token (A by token: x is then the token-order rows [x_rows = T, K]) and out_rows (the output's
+// rows, >= offsets[E]; 0: x_rows) are theirs only.
 #pragma once
 
 #include <cuda.h>
@@ -12,10 +14,11 @@
 namespace loom::gemm {
 
 template <class K>
-void launch_bf16_instance(const GemmBf16Params& p, int grid, cudaStream_t stream, bool pdl) {
+void launch_bf16_instance(const GemmBf16Params& p, int grid, cudaStream_t stream, bool pdl,
+                          const int32_t* row_token = nullptr, int64_t out_rows = 0) {
   namespace tm = bf16_tokens_on_m;
   const bool act = p.epilogue == Bf16Epilogue::act;
-  const bool tokens = p.row_token != nullptr;
+  const bool tokens = row_token != nullptr;
   Bf16TokensOnMMaps maps{};
   if (!tokens)  // (by token the producer copies A by cp.async from x)
     maps.x = make_tensor_map_2d(p.x, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, uint64_t(p.x_rows), uint64_t(p.k),
@@ -23,7 +26,7 @@ void launch_bf16_instance(const GemmBf16Params& p, int grid, cudaStream_t stream
   maps.w = make_tensor_map_2d(p.weights, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, uint64_t(p.experts) * p.n,
                               uint64_t(p.k), uint64_t(p.k) * 2, tm::kBoxRows, tm::kBlockK, TmaSwizzle::b128);
   if (K::kOutBytes > 0 && (act || p.store_bf16)) {
-    const uint64_t rows = uint64_t(p.out_rows > 0 ? p.out_rows : p.x_rows), cols = uint64_t(act ? p.inter : p.n);
+    const uint64_t rows = uint64_t(out_rows > 0 ? out_rows : p.x_rows), cols = uint64_t(act ? p.inter : p.n);
     maps.out = make_tensor_map_2d(p.out, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, rows, cols, cols * 2, 64,
                                   tm::kOutBoxCols, TmaSwizzle::b128);
   }
@@ -40,7 +43,7 @@ void launch_bf16_instance(const GemmBf16Params& p, int grid, cudaStream_t stream
   a.col_blocks = act ? (p.inter + tm::kBoxRows - 1) / tm::kBoxRows : (p.n + tm::kTileCols - 1) / tm::kTileCols;
   a.inter = p.inter;
   a.store_bf16 = p.store_bf16 ? 1 : 0;
-  a.row_token = p.row_token;
+  a.row_token = row_token;
   a.x = tokens ? reinterpret_cast<const uint16_t*>(p.x) : nullptr;
   launch_grouped_gemm<K>(maps, a, grid, launch_smem_bytes<K>, stream, pdl);
 }

@@ -166,14 +166,11 @@ void run_stages(const Plan& p, const Weights& w, const Inputs& in, void* output,
     gr.tokens = T;
     gr.topk = k;
     gr.hidden_dim = int(s.hidden);
-    const bool token_rows = launches.bf16_token_rows;  // GEMM 1 reads hidden by token: no gather
-    if (do_quant && !token_rows) launch_gather_rows(gr, stream, pdl);
+    if (do_quant) launch_gather_rows(gr, stream, pdl);
     GemmBf16Params g1;
     g1.weights = static_cast<const bf16*>(w.w1);
-    g1.x = token_rows ? static_cast<const bf16*>(in.hidden) : at<const bf16>(workspace, L.x);
-    g1.x_rows = token_rows ? T : rows;
-    g1.out_rows = rows;
-    g1.row_token = token_rows ? dp.row_token : nullptr;
+    g1.x = at<const bf16>(workspace, L.x);
+    g1.x_rows = rows;
     g1.offsets = dp.offsets;
     g1.epilogue = Bf16Epilogue::act;
     g1.out = at<void>(workspace, L.act);
@@ -181,13 +178,11 @@ void run_stages(const Plan& p, const Weights& w, const Inputs& in, void* output,
     g1.experts = E;
     g1.n = int(2 * s.inter);
     g1.k = int(s.hidden);
-    g1.cluster = launches.bf16_cluster;
     if (do_gemm1) launch_gemm_bf16(g1, dev, stream, pdl);
     GemmBf16Params g2 = g1;
     g2.weights = static_cast<const bf16*>(w.w2);
     g2.x = at<const bf16>(workspace, L.act);
     g2.x_rows = rows;
-    g2.row_token = nullptr;  // the intermediate is in sorted order
     g2.epilogue = Bf16Epilogue::rows;
     g2.row_weight = dp.row_weight;
     g2.out = at<void>(workspace, L.y);

@@ -21,31 +21,10 @@
 
 namespace loom {
 
-// The BF16 kernel's names where a config key would be: bf16.tM.128x256[.pair][.tok] (CTA pairs,
-// GemmBf16Params::cluster 2; GEMM 1's A by token, GemmBf16Params::row_token).
+// The BF16 kernel's name where a config key would be (one kernel: the key is accepted, not chosen).
 constexpr const char* kBf16GemmName = "bf16.tM.128x256";
 
-struct Bf16Key {
-  int cluster = 1;
-  bool token_rows = false;
-};
-
-// Empty: the default; otherwise one of the four keys, or nullopt.
-std::optional<Bf16Key> parse_bf16_key(const std::string& k) {
-  if (k.empty()) return Bf16Key{};
-  const std::string base = kBf16GemmName;
-  if (k.rfind(base, 0) != 0) return std::nullopt;
-  std::string rest = k.substr(base.size());
-  Bf16Key b;
-  if (rest.rfind(".pair", 0) == 0) b.cluster = 2, rest = rest.substr(5);
-  if (rest == ".tok") b.token_rows = true, rest.clear();
-  if (!rest.empty()) return std::nullopt;
-  return b;
-}
-
-std::string bf16_key(int cluster, bool token_rows) {
-  return std::string(kBf16GemmName) + (cluster == 2 ? ".pair" : "") + (token_rows ? ".tok" : "");
-}
+bool is_bf16_key(const std::string& k) { return k.empty() || k == kBf16GemmName; }
 
 namespace {
 
@@ -273,19 +252,15 @@ Launches decide_bf16(const Shape& s, const Options& o, int64_t tokens) {
   Launches l;
   l.ffn = true;
   l.bf16 = true;
-  const Bf16Key k = parse_bf16_key(o.gemm_config).value_or(Bf16Key{});  // plan() refused any other key
-  l.bf16_cluster = k.cluster;
-  l.bf16_token_rows = k.token_rows;
   l.combine_rows = true;
-  l.chain.sorted_rows = !k.token_rows;  // the gather writes the sorted copy GEMM 1 reads
+  l.chain.sorted_rows = true;  // the gather writes the sorted copy GEMM 1 reads
   l.chain.dispatch_small = o.fuse_small_batch && dispatch_small_fits(int(tokens), int(s.topk), int(s.experts));
   return l;
 }
 
 bool same(const Launches& a, const Launches& b) {
   return a.chain == b.chain && key(a.gemm) == key(b.gemm) && a.combine_rows == b.combine_rows && a.error == b.error &&
-         a.ffn == b.ffn && a.bf16 == b.bf16 && a.bf16_cluster == b.bf16_cluster &&
-         a.bf16_token_rows == b.bf16_token_rows &&
+         a.ffn == b.ffn && a.bf16 == b.bf16 &&
          (!a.ffn || key(a.gemm2) == key(b.gemm2));
 }
 
@@ -363,9 +338,9 @@ Plan plan(const Shape& s, const Routing& r, const Options& o, const DeviceSpec& 
   const bool bf16 = s.dtype == DType::bf16;
   if (bf16 && s.mode != Mode::ffn)
     throw Error("dtype bf16 runs the ffn layer (mode ffn); the one-GEMM single mode is fp8 only");
-  if (bf16 && (!parse_bf16_key(o.gemm_config) || !o.gemm2_config.empty()))
-    throw Error(std::string("the bf16 layer's GEMM configs are ") + kBf16GemmName +
-                "[.pair][.tok] (gemm_config; both GEMMs), got gemm_config '" + o.gemm_config + "', gemm2_config '" +
+  if (bf16 && (!is_bf16_key(o.gemm_config) || !o.gemm2_config.empty()))
+    throw Error(std::string("the bf16 layer's GEMM config is ") + kBf16GemmName +
+                " (gemm_config; both GEMMs), got gemm_config '" + o.gemm_config + "', gemm2_config '" +
                 o.gemm2_config + "'");
   if (s.experts > kGpuMaxExperts)
     throw Error("experts = " + std::to_string(s.experts) + " exceeds the GPU limit " + std::to_string(kGpuMaxExperts));
@@ -479,7 +454,7 @@ std::string Chain::route_label() const {
          (quant_with_route ? "+quant" : "") + (expert_bins ? "+bins" : "");
 }
 
-std::string Launches::gemm_key() const { return bf16 ? bf16_key(bf16_cluster, bf16_token_rows) : key(gemm); }
+std::string Launches::gemm_key() const { return bf16 ? std::string(kBf16GemmName) : key(gemm); }
 
 std::string Launches::summary(bool from_logits) const {
   if (!error.empty()) return "(cannot run: " + error + ")";
@@ -488,7 +463,7 @@ std::string Launches::summary(bool from_logits) const {
   if (bf16) {
     if (from_logits) add("route");
     add(chain.dispatch_small ? "dispatch(1 CTA)" : "count+dispatch");
-    if (!bf16_token_rows) add("gather(bf16)");
+    add("gather(bf16)");
     add("gemm1 " + gemm_key() + " act");
     add("gemm2 " + gemm_key() + " rows");
     add("combine+bf16");
@@ -536,12 +511,8 @@ std::string describe(const Plan& p) {
   std::vector<std::string> seen;
   if (p.shape.dtype == DType::bf16)
     o << "  " << p.gemm_config << ": bf16 tokens on M, 128 expert rows x 256 weight rows, A and B by TMA, "
-      << "4 stages, fp32 accumulation over K"
-      << (p.gemm_config.find(".pair") != std::string::npos
-              ? ", CTA pairs (256 rows) sharing the weight tiles by multicast" : "")
-      << (p.gemm_config.find(".tok") != std::string::npos ? ", GEMM 1's A by token (one-row TMA boxes, no gather)"
-                                                           : "")
-      << "; GEMM 1 SiLU*up into the bf16 intermediate, GEMM 2 bf16 route rows\n";
+      << "3 stages, fp32 accumulation over K; GEMM 1 SiLU*up into the bf16 intermediate, GEMM 2 bf16 route "
+      << "rows, both staged in shared memory and stored by TMA\n";
   for (const auto& b : p.buckets->buckets)
     for (const Launches* l : {&b.from_logits, &b.from_ids}) {
       if (!l->error.empty() || l->bf16) continue;

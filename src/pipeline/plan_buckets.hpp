@@ -40,8 +40,6 @@ struct Launches {
   // dtype bf16 (ffn): the expert-sorted bf16 copy (the gather), the BF16 GEMMs (GEMM 1 with the
   // SiLU*up epilogue, GEMM 2 storing bf16 route rows) and the combine; gemm and gemm2 are unused.
   bool bf16 = false;
-  int bf16_cluster = 1;  // bf16: 2 runs both GEMMs on CTA pairs sharing the weights (GemmBf16Params::cluster)
-  bool bf16_token_rows = false;  // bf16: GEMM 1 reads A by token (no gather; GemmBf16Params::row_token)
   std::string error;          // non-empty: this routing source cannot run with the plan's options
   // "clear+route+quant+bins -> gemm tM.tall.s4.bulk.dyn.efw.exl", one line.
   std::string summary(bool from_logits) const;

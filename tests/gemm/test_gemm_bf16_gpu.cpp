@@ -1,6 +1,5 @@
-// The BF16 grouped GEMM alone (issue 47), on expert-sorted rows laid out by the CPU dispatch (and
-// GEMM 1 reading them by token from hidden), single CTAs and CTA pairs, bit for bit alike:
-// the weighted route rows (fp32 and bf16) against grouped_gemm_ref, and the SiLU*up epilogue on a
+// The BF16 grouped GEMM alone (issue 47), on expert-sorted rows laid out by the CPU dispatch: the
+// weighted route rows (fp32 and bf16) against grouped_gemm_ref, and the SiLU*up epilogue on a
 // w13 against silu_mul_ref rounded to bf16; the rows past the routed ones (poisoned) stay as they
 // were, and padding rows of A full of NaN reach no written row.
 #include <gtest/gtest.h>
@@ -59,12 +58,9 @@ void run_case(const Bf16Case& c, Bf16Epilogue epi, bool store_bf16, uint64_t see
   const int64_t R = d.offsets.back(), Rp = padded_rows(s.routes()), K = act ? s.hidden : s.inter,
                 N = act ? 2 * s.inter : s.hidden, out_cols = act ? s.inter : s.hidden;
   // The rows: act reads hidden rows; rows reads intermediate-like rows of width I (random bf16).
-  std::vector<bf16> x_rows, hidden;
-  std::vector<int32_t> row_token(size_t(Rp), 0);  // A by token: each sorted row's token
-  for (int64_t r = 0; r < R; ++r) row_token[size_t(r)] = int32_t(d.row_route[size_t(r)] / s.topk);
+  std::vector<bf16> x_rows;
   if (act) {
-    hidden = make_hidden(s, seed + 2);
-    x_rows = sorted_rows(hidden, d, s.topk, K, Rp);
+    x_rows = sorted_rows(make_hidden(s, seed + 2), d, s.topk, K, Rp);
   } else {
     const Shape wide{s.tokens, s.inter, s.inter, s.experts, s.topk, Mode::ffn, DType::bf16};
     x_rows = sorted_rows(make_hidden(wide, seed + 2), d, s.topk, K, Rp);
@@ -91,8 +87,7 @@ void run_case(const Bf16Case& c, Bf16Epilogue epi, bool store_bf16, uint64_t see
   }
 
   DeviceBuffer dw = DeviceBuffer::from(act ? w.w1 : w.w2), dx = DeviceBuffer::from(x_rows),
-               doff = DeviceBuffer::from(d.offsets), dwt = DeviceBuffer::from(row_weight),
-               dh = DeviceBuffer::from(hidden), drt = DeviceBuffer::from(row_token);
+               doff = DeviceBuffer::from(d.offsets), dwt = DeviceBuffer::from(row_weight);
   const bool out_bf16 = act || store_bf16;
   DeviceBuffer dout(size_t(Rp * out_cols) * (out_bf16 ? 2 : 4));
   GemmBf16Params p;
@@ -108,20 +103,8 @@ void run_case(const Bf16Case& c, Bf16Epilogue epi, bool store_bf16, uint64_t see
   p.experts = int(s.experts);
   p.n = int(N);
   p.k = int(K);
-  // One CTA per 128 rows, and pairs of CTAs sharing the weights by multicast; A from the sorted
-  // copy, and (GEMM 1) by token from hidden: the same outputs.
-  std::vector<uint8_t> first;
-  for (const auto& [cluster, by_token] : {std::pair{1, false}, std::pair{2, false}, std::pair{1, true},
-                                          std::pair{2, true}}) {
-    if (by_token && !act) continue;
-    SCOPED_TRACE(testing::Message() << (cluster == 1 ? "single CTAs" : "CTA pairs")
-                                    << (by_token ? ", A by token" : ", A sorted"));
+  {
     test::fill(dout.get(), 0xff, dout.bytes());  // NaN everywhere (bf16 0xffff, fp32 0xffffffff)
-    p.cluster = cluster;
-    p.x = by_token ? dh.as<bf16>() : dx.as<bf16>();
-    p.x_rows = by_token ? s.tokens : Rp;
-    p.row_token = by_token ? drt.as<int32_t>() : nullptr;
-    p.out_rows = Rp;
     launch_gemm_bf16(p, *query_device(), nullptr, false);
     LOOM_CUDA_CHECK(cudaGetLastError());
     LOOM_CUDA_CHECK(cudaDeviceSynchronize());
@@ -141,12 +124,6 @@ void run_case(const Bf16Case& c, Bf16Epilogue epi, bool store_bf16, uint64_t see
     // the fp32 SiLU*up a few ulps from the reference's, an occasional bf16 tie the other way).
     EXPECT_LE(e.overall, out_bf16 ? 2e-3 : 1e-5);
     EXPECT_LE(e.worst_row, out_bf16 ? 1e-2 : 1e-4) << "worst sorted row " << e.worst_row_index;
-    // Both walks sum each output over K in the same order: bit for bit the same.
-    const std::vector<uint8_t> bytes = dout.to_host<uint8_t>();
-    if (first.empty())
-      first = bytes;
-    else
-      EXPECT_TRUE(bytes == first) << "differs from single CTAs on the sorted copy";
   }
 }
 
@@ -206,14 +183,7 @@ TEST(GemmBf16Launch, RefusesWhatTheKernelCannotTake) {
   p.x = reinterpret_cast<const bf16*>(uintptr_t(258));  // misaligned
   EXPECT_THROW(launch_gemm_bf16(p, dev, nullptr, false), Error);
   p.x = p.weights;
-  p.cluster = 4;
-  EXPECT_THROW(launch_gemm_bf16(p, dev, nullptr, false), Error);
-  p.cluster = 1;
-  p.row_token = p.offsets;  // A by token is GEMM 1's only
-  EXPECT_THROW(launch_gemm_bf16(p, dev, nullptr, false), Error);
-  p.epilogue = Bf16Epilogue::act;
-  p.inter = 64;
-  p.out_rows = 0;  // by token, the intermediate's rows must be given
+  p.out = reinterpret_cast<void*>(uintptr_t(264));  // the TMA store needs 16-byte alignment
   EXPECT_THROW(launch_gemm_bf16(p, dev, nullptr, false), Error);
 }
 

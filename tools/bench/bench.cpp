@@ -342,7 +342,6 @@ void measure_gpu(const BenchOptions& opt, const Plan& plan, const Shape& s, cons
     // routing launch, the dispatch too).
     if (stages == Stages::route_only && !from_logits) continue;
     if (stages == Stages::quant_only && (chain.quant_with_route || chain.dispatch_with_quant)) continue;
-    if (stages == Stages::quant_only && launched.bf16_token_rows) continue;  // GEMM 1 reads hidden itself
     if (stages == Stages::dispatch_only && (chain.fused_route_dispatch || chain.expert_bins)) continue;
     const std::string label = stages == Stages::route_only      ? chain.route_label()
                               : stages == Stages::dispatch_only ? chain.dispatch_label()

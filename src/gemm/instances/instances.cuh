@@ -43,12 +43,6 @@ using Sm90Fp8TmWideAct = TokensOnMKernel<true, tokens_on_m::NoProbe, false, true
 // GEMM 1) or the weighted route rows (ffn GEMM 2), staged in shared memory and stored by TMA.
 using Sm90Bf16TmAct = Bf16TokensOnMKernel<Bf16Epilogue::act, 1, false, 3, true>;
 using Sm90Bf16TmRows = Bf16TokensOnMKernel<Bf16Epilogue::rows, 1, false, 3, true>;
-// ... two CTAs a cluster, 256 rows a unit, B multicast to both.
-using Sm90Bf16TmActPair = Bf16TokensOnMKernel<Bf16Epilogue::act, 2, false, 3, true>;
-using Sm90Bf16TmRowsPair = Bf16TokensOnMKernel<Bf16Epilogue::rows, 2, false, 3, true>;
-// ... GEMM 1 with A by token (one-row TMA boxes from hidden), alone and in pairs.
-using Sm90Bf16TmActTokens = Bf16TokensOnMKernel<Bf16Epilogue::act, 1, true, 3, true>;
-using Sm90Bf16TmActPairTokens = Bf16TokensOnMKernel<Bf16Epilogue::act, 2, true, 3, true>;
 
 #define LOOM_GEMM_INSTANCE(Kernel)                                                                     \
   template void launch_grouped_gemm<Kernel>(const typename Kernel::Maps&, const typename Kernel::Args&, int, size_t, \
@@ -72,9 +66,5 @@ LOOM_GEMM_INSTANCE_EXTERN(Sm90Fp8TmWideSorted);
 LOOM_GEMM_INSTANCE_EXTERN(Sm90Fp8TmWideAct);
 LOOM_GEMM_INSTANCE_EXTERN(Sm90Bf16TmAct);
 LOOM_GEMM_INSTANCE_EXTERN(Sm90Bf16TmRows);
-LOOM_GEMM_INSTANCE_EXTERN(Sm90Bf16TmActPair);
-LOOM_GEMM_INSTANCE_EXTERN(Sm90Bf16TmRowsPair);
-LOOM_GEMM_INSTANCE_EXTERN(Sm90Bf16TmActTokens);
-LOOM_GEMM_INSTANCE_EXTERN(Sm90Bf16TmActPairTokens);
 
 }  // namespace loom::gemm

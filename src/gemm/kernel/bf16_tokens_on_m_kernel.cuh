@@ -4,10 +4,12 @@
 //
 //   warp roles   warpgroup 0: one thread issues the A and B tiles of the CTA's units by TMA;
 //                warpgroups 1 and 2: rows 0..63 and 64..127 of every tile, the MMAs and the
-//                epilogue from registers
+//                epilogue (kStaged: through shared memory and TMA stores)
 //   units        (expert, 128-row tile, 256-wide weight block), weight blocks innermost so that the
 //                CTAs running together read one expert's weights and a few row tiles; round robin
 //                (over clusters: a 2-CTA cluster takes 256 rows, sharing B by multicast)
+// The product instantiates one CTA, 3 stages, staged (gemm/instances/instances.cuh); CTA pairs,
+// A by token and the unstaged epilogue are the lab's (lab/bf16_variants/), measured no faster.
 #pragma once
 
 #include <cuda.h>

@@ -1,0 +1,6 @@
+// Lab instance: LabBf16ActUnstaged (bf16_variant_instances.cuh).
+#include "bf16_variants/bf16_variant_instances.cuh"
+
+namespace loom::gemm {
+LOOM_GEMM_INSTANCE(LabBf16ActUnstaged);
+}  // namespace loom::gemm
