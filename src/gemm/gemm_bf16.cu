@@ -33,6 +33,13 @@ void launch_gemm_bf16(const GemmBf16Params& p, const DeviceInfo& device, cudaStr
   check_gemm_bf16(p);
   const bool act = p.epilogue == Bf16Epilogue::act;
   // Persistent: one CTA per SM; the row tiles are known only on the device.
+  if (p.weights_on_m) {
+    if (act)
+      gemm::launch_bf16_wm_instance<gemm::Sm90Bf16WmAct>(p, device.sm_count, stream, pdl);
+    else
+      gemm::launch_bf16_wm_instance<gemm::Sm90Bf16WmRows>(p, device.sm_count, stream, pdl);
+    return;
+  }
   if (act)
     gemm::launch_bf16_instance<gemm::Sm90Bf16TmAct>(p, device.sm_count, stream, pdl);
   else

@@ -38,6 +38,10 @@ struct GemmBf16Params {
   bool store_bf16 = false;
   int inter = 0;                    // act: I (N = 2I; w13's gate rows 0..I-1, up rows I..2I-1)
   int experts = 0, n = 0, k = 0;
+  // Weight rows on the MMA's M side and 64 sorted rows of an expert on N (decode: an expert's few
+  // rows cost a 64-wide MMA and its weights stream in 64-row units over every SM); false: 128
+  // sorted rows on M, 256 weight rows on N (prefill).
+  bool weights_on_m = false;
 };
 
 // Throws loom::Error for what the kernel cannot take (shapes, alignment, null pointers).

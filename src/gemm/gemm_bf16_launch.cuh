@@ -9,6 +9,7 @@
 #include "common/tensor_map.hpp"
 #include "gemm/gemm_bf16.hpp"
 #include "gemm/kernel/bf16_tokens_on_m_kernel.cuh"
+#include "gemm/kernel/bf16_weights_on_m_kernel.cuh"
 #include "gemm/kernel/grouped_gemm_sm90.cuh"
 
 namespace loom::gemm {
@@ -45,6 +46,34 @@ void launch_bf16_instance(const GemmBf16Params& p, int grid, cudaStream_t stream
   a.store_bf16 = p.store_bf16 ? 1 : 0;
   a.row_token = row_token;
   a.x = tokens ? reinterpret_cast<const uint16_t*>(p.x) : nullptr;
+  launch_grouped_gemm<K>(maps, a, grid, launch_smem_bytes<K>, stream, pdl);
+}
+
+// The weights-on-M (decode) kernel's launch: the same params.
+template <class K>
+void launch_bf16_wm_instance(const GemmBf16Params& p, int grid, cudaStream_t stream, bool pdl) {
+  namespace wm = bf16_weights_on_m;
+  const bool act = p.epilogue == Bf16Epilogue::act;
+  Bf16WeightsOnMMaps maps{};
+  maps.x = make_tensor_map_2d(p.x, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, uint64_t(p.x_rows), uint64_t(p.k),
+                              uint64_t(p.k) * 2, wm::kChunk, wm::kBlockK, TmaSwizzle::b128);
+  maps.w = make_tensor_map_2d(p.weights, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, uint64_t(p.experts) * p.n,
+                              uint64_t(p.k), uint64_t(p.k) * 2, act ? wm::kActBoxRows : wm::kRowsBoxRows, wm::kBlockK,
+                              TmaSwizzle::b128);
+  Bf16WeightsOnMArgs a{};
+  a.offsets = p.offsets;
+  a.counts = nullptr;
+  a.stride = 0;
+  a.row_weight = p.row_weight;
+  a.out = p.out;
+  a.experts = p.experts;
+  a.n = p.n;
+  a.k = p.k;
+  a.kblocks = (p.k + wm::kBlockK - 1) / wm::kBlockK;
+  a.col_blocks = act ? (p.inter + wm::kActColumns - 1) / wm::kActColumns
+                     : (p.n + wm::kRowsBoxRows - 1) / wm::kRowsBoxRows;
+  a.inter = p.inter;
+  a.store_bf16 = p.store_bf16 ? 1 : 0;
   launch_grouped_gemm<K>(maps, a, grid, launch_smem_bytes<K>, stream, pdl);
 }
 

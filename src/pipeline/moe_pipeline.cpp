@@ -178,6 +178,7 @@ void run_stages(const Plan& p, const Weights& w, const Inputs& in, void* output,
     g1.experts = E;
     g1.n = int(2 * s.inter);
     g1.k = int(s.hidden);
+    g1.weights_on_m = launches.bf16_weights_on_m;
     if (do_gemm1) launch_gemm_bf16(g1, dev, stream, pdl);
     GemmBf16Params g2 = g1;
     g2.weights = static_cast<const bf16*>(w.w2);

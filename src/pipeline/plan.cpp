@@ -21,10 +21,12 @@
 
 namespace loom {
 
-// The BF16 kernel's name where a config key would be (one kernel: the key is accepted, not chosen).
+// The BF16 kernels' names where a config key would be: tokens on M (the default, prefill) and
+// weights on M (decode; chosen by key until its first measurement).
 constexpr const char* kBf16GemmName = "bf16.tM.128x256";
+constexpr const char* kBf16DecodeName = "bf16.wM.64x64";
 
-bool is_bf16_key(const std::string& k) { return k.empty() || k == kBf16GemmName; }
+bool is_bf16_key(const std::string& k) { return k.empty() || k == kBf16GemmName || k == kBf16DecodeName; }
 
 namespace {
 
@@ -252,6 +254,7 @@ Launches decide_bf16(const Shape& s, const Options& o, int64_t tokens) {
   Launches l;
   l.ffn = true;
   l.bf16 = true;
+  l.bf16_weights_on_m = o.gemm_config == kBf16DecodeName;
   l.combine_rows = true;
   l.chain.sorted_rows = true;  // the gather writes the sorted copy GEMM 1 reads
   l.chain.dispatch_small = o.fuse_small_batch && dispatch_small_fits(int(tokens), int(s.topk), int(s.experts));
@@ -260,7 +263,7 @@ Launches decide_bf16(const Shape& s, const Options& o, int64_t tokens) {
 
 bool same(const Launches& a, const Launches& b) {
   return a.chain == b.chain && key(a.gemm) == key(b.gemm) && a.combine_rows == b.combine_rows && a.error == b.error &&
-         a.ffn == b.ffn && a.bf16 == b.bf16 &&
+         a.ffn == b.ffn && a.bf16 == b.bf16 && a.bf16_weights_on_m == b.bf16_weights_on_m &&
          (!a.ffn || key(a.gemm2) == key(b.gemm2));
 }
 
@@ -339,7 +342,7 @@ Plan plan(const Shape& s, const Routing& r, const Options& o, const DeviceSpec& 
   if (bf16 && s.mode != Mode::ffn)
     throw Error("dtype bf16 runs the ffn layer (mode ffn); the one-GEMM single mode is fp8 only");
   if (bf16 && (!is_bf16_key(o.gemm_config) || !o.gemm2_config.empty()))
-    throw Error(std::string("the bf16 layer's GEMM config is ") + kBf16GemmName +
+    throw Error(std::string("the bf16 layer's GEMM configs are ") + kBf16GemmName + " and " + kBf16DecodeName +
                 " (gemm_config; both GEMMs), got gemm_config '" + o.gemm_config + "', gemm2_config '" +
                 o.gemm2_config + "'");
   if (s.experts > kGpuMaxExperts)
@@ -454,7 +457,10 @@ std::string Chain::route_label() const {
          (quant_with_route ? "+quant" : "") + (expert_bins ? "+bins" : "");
 }
 
-std::string Launches::gemm_key() const { return bf16 ? std::string(kBf16GemmName) : key(gemm); }
+std::string Launches::gemm_key() const {
+  if (bf16) return bf16_weights_on_m ? kBf16DecodeName : kBf16GemmName;
+  return key(gemm);
+}
 
 std::string Launches::summary(bool from_logits) const {
   if (!error.empty()) return "(cannot run: " + error + ")";
@@ -509,7 +515,11 @@ std::string describe(const Plan& p) {
   }
   o << "gemm configs:\n";
   std::vector<std::string> seen;
-  if (p.shape.dtype == DType::bf16)
+  if (p.shape.dtype == DType::bf16 && p.gemm_config == kBf16DecodeName)
+    o << "  " << p.gemm_config << ": bf16 weights on M, 64 weight rows x 64 of an expert's sorted rows, A and B "
+      << "by TMA, 12 stages, fp32 accumulation over K; GEMM 1 SiLU*up into the bf16 intermediate (32 columns' "
+      << "gate and up rows a unit), GEMM 2 bf16 route rows, stored by token column\n";
+  else if (p.shape.dtype == DType::bf16)
     o << "  " << p.gemm_config << ": bf16 tokens on M, 128 expert rows x 256 weight rows, A and B by TMA, "
       << "3 stages, fp32 accumulation over K; GEMM 1 SiLU*up into the bf16 intermediate, GEMM 2 bf16 route "
       << "rows, both staged in shared memory and stored by TMA\n";

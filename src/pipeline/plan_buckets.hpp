@@ -40,6 +40,7 @@ struct Launches {
   // dtype bf16 (ffn): the expert-sorted bf16 copy (the gather), the BF16 GEMMs (GEMM 1 with the
   // SiLU*up epilogue, GEMM 2 storing bf16 route rows) and the combine; gemm and gemm2 are unused.
   bool bf16 = false;
+  bool bf16_weights_on_m = false;  // bf16: both GEMMs with weights on M (GemmBf16Params::weights_on_m)
   std::string error;          // non-empty: this routing source cannot run with the plan's options
   // "clear+route+quant+bins -> gemm tM.tall.s4.bulk.dyn.efw.exl", one line.
   std::string summary(bool from_logits) const;

@@ -1,7 +1,7 @@
-// The BF16 grouped GEMM alone (issue 47), on expert-sorted rows laid out by the CPU dispatch: the
-// weighted route rows (fp32 and bf16) against grouped_gemm_ref, and the SiLU*up epilogue on a
-// w13 against silu_mul_ref rounded to bf16; the rows past the routed ones (poisoned) stay as they
-// were, and padding rows of A full of NaN reach no written row.
+// The BF16 grouped GEMMs alone (issue 47: tokens on M and weights on M), on expert-sorted rows
+// laid out by the CPU dispatch: the weighted route rows (fp32 and bf16) against grouped_gemm_ref,
+// and the SiLU*up epilogue on a w13 against silu_mul_ref rounded to bf16; the rows past the routed
+// ones (poisoned) stay as they were, and padding rows of A full of NaN reach no written row.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -45,7 +45,8 @@ std::vector<bf16> sorted_rows(const std::vector<bf16>& hidden, const Dispatch& d
 }
 
 // rows epilogue: out[r, n] = row_weight[r] * (x[r] . W[e(r), n]), W = the case's w2 [E, H, I]
-// over sorted rows of width I; act epilogue: the w13 [E, 2I, H] over rows of width H.
+// over sorted rows of width I; act epilogue: the w13 [E, 2I, H] over rows of width H. Both
+// kernels against one reference: tokens on M (prefill) and weights on M (decode).
 void run_case(const Bf16Case& c, Bf16Epilogue epi, bool store_bf16, uint64_t seed) {
   SCOPED_TRACE(testing::Message() << "T=" << c.tokens << " H=" << c.hidden << " I=" << c.inter << " E=" << c.experts
                                   << " k=" << c.topk << " " << c.dist
@@ -103,7 +104,9 @@ void run_case(const Bf16Case& c, Bf16Epilogue epi, bool store_bf16, uint64_t see
   p.experts = int(s.experts);
   p.n = int(N);
   p.k = int(K);
-  {
+  for (const bool weights_on_m : {false, true}) {
+    SCOPED_TRACE(weights_on_m ? "weights on M" : "tokens on M");
+    p.weights_on_m = weights_on_m;
     test::fill(dout.get(), 0xff, dout.bytes());  // NaN everywhere (bf16 0xffff, fp32 0xffffffff)
     launch_gemm_bf16(p, *query_device(), nullptr, false);
     LOOM_CUDA_CHECK(cudaGetLastError());

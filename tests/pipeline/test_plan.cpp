@@ -215,6 +215,12 @@ TEST(Plan, Bf16LayerPlansEveryBatch) {
   EXPECT_NE(describe(named).find("gather(bf16) -> gemm1 bf16.tM.128x256 act -> gemm2 bf16.tM.128x256 rows"),
             std::string::npos)
       << describe(named);
+  o.gemm_config = "bf16.wM.64x64";  // weights on M (decode)
+  const Plan decode = plan(preset.shape, preset.routing, o, d);
+  EXPECT_EQ(decode.gemm_config, "bf16.wM.64x64");
+  EXPECT_TRUE(launches_for(decode, 1, true).bf16_weights_on_m);
+  EXPECT_NE(describe(decode).find("gemm1 bf16.wM.64x64 act -> gemm2 bf16.wM.64x64 rows"), std::string::npos)
+      << describe(decode);
   // The lab's variants (lab/bf16_variants/) are no keys of the product.
   for (const char* bad : {"bf16.tM.128x256.pair", "bf16.tM.128x256.tok", "bf16.tM.128x256.x", "bf16"}) {
     o.gemm_config = bad;

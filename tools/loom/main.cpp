@@ -51,7 +51,7 @@ bench options:
                          (register-loaded GEMM batches, and gathering ones above 32 tokens)
   --gemm-config KEY      run every batch on this GEMM config (a key `loom info` lists, e.g.
                          tM.tall.s4.bulk.dyn) instead of the chooser's (ffn: GEMM 1's; bf16:
-                         bf16.tM.128x256, both GEMMs)
+                         bf16.tM.128x256 or bf16.wM.64x64, both GEMMs)
   --gemm2-config KEY     ffn: GEMM 2's config (wM.sorted... or tM.<tall|wide>.sorted...)
   --weights uniform|normal  the expert weights' values (default uniform; normal has heavier tails)
   --dist-logits          run a distribution of ids (balanced, zipf, hot, ...) from router logits

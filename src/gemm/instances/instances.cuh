@@ -7,6 +7,7 @@
 #include "gemm/epilogue/combine_in_consumers.cuh"
 #include "gemm/gemm_fp8.hpp"
 #include "gemm/kernel/bf16_tokens_on_m_kernel.cuh"
+#include "gemm/kernel/bf16_weights_on_m_kernel.cuh"
 #include "gemm/kernel/fp8_resident_kernel.cuh"
 #include "gemm/kernel/fp8_tokens_on_m_kernel.cuh"
 #include "gemm/kernel/fp8_weights_on_m_kernel.cuh"
@@ -44,6 +45,10 @@ using Sm90Fp8TmWideAct = TokensOnMKernel<true, tokens_on_m::NoProbe, false, true
 using Sm90Bf16TmAct = Bf16TokensOnMKernel<Bf16Epilogue::act, 1, false, 3, true>;
 using Sm90Bf16TmRows = Bf16TokensOnMKernel<Bf16Epilogue::rows, 1, false, 3, true>;
 
+// BF16, weights on M (decode): 64 weight rows x 64 sorted rows, the same two epilogues by token column.
+using Sm90Bf16WmAct = Bf16WeightsOnMKernel<Bf16Epilogue::act>;
+using Sm90Bf16WmRows = Bf16WeightsOnMKernel<Bf16Epilogue::rows>;
+
 #define LOOM_GEMM_INSTANCE(Kernel)                                                                     \
   template void launch_grouped_gemm<Kernel>(const typename Kernel::Maps&, const typename Kernel::Args&, int, size_t, \
                                             cudaStream_t, bool);                                               \
@@ -66,5 +71,7 @@ LOOM_GEMM_INSTANCE_EXTERN(Sm90Fp8TmWideSorted);
 LOOM_GEMM_INSTANCE_EXTERN(Sm90Fp8TmWideAct);
 LOOM_GEMM_INSTANCE_EXTERN(Sm90Bf16TmAct);
 LOOM_GEMM_INSTANCE_EXTERN(Sm90Bf16TmRows);
+LOOM_GEMM_INSTANCE_EXTERN(Sm90Bf16WmAct);
+LOOM_GEMM_INSTANCE_EXTERN(Sm90Bf16WmRows);
 
 }  // namespace loom::gemm
