@@ -64,6 +64,7 @@ struct Gemms {
   const uint16_t* hidden = nullptr;  // by token: GEMM 1's A from here
   const int32_t* row_token = nullptr;
   int64_t tokens = 0;
+  int pair_grid = 0;  // CTAs of the pairs that fit at once (asked once, not per launch)
 };
 
 void launch(const Gemms& g, Variant v, const DeviceInfo& dev, bool second) {
@@ -74,7 +75,7 @@ void launch(const Gemms& g, Variant v, const DeviceInfo& dev, bool second) {
   by_token.x = reinterpret_cast<const bf16*>(g.hidden);
   by_token.x_rows = g.tokens;
   const bool pair = v == Variant::pair || v == Variant::pair_tokens;
-  const int grid = pair ? 2 * pairs_resident<LabBf16RowsPair>(dev) : dev.sm_count;
+  const int grid = pair ? g.pair_grid : dev.sm_count;
   if (v == Variant::product) return launch_gemm_bf16(p, dev, nullptr, false);
   if (v == Variant::unstaged)
     return second ? launch_bf16_instance<LabBf16RowsUnstaged>(p, grid, nullptr, false)
@@ -91,6 +92,7 @@ void launch(const Gemms& g, Variant v, const DeviceInfo& dev, bool second) {
 
 std::string run_bf16_variants(const Bf16VariantsOptions& opt, std::ostream& log) {
   const DeviceInfo dev = *query_device();
+  const int pair_grid = 2 * pairs_resident<gemm::LabBf16RowsPair>(dev);
   const int E = opt.experts, k = opt.topk, H = opt.hidden, I = opt.inter;
   std::ostringstream table;
   table << "BF16 GEMM variants, H=" << H << " I=" << I << " E=" << E << " k=" << k << ", "
@@ -141,7 +143,7 @@ std::string run_bf16_variants(const Bf16VariantsOptions& opt, std::ostream& log)
       g.g2 = g.g1;
       g.g2.weights = w2.as<bf16>(), g.g2.x = act[size_t(v)].as<bf16>(), g.g2.epilogue = Bf16Epilogue::rows;
       g.g2.row_weight = rw.as<float>(), g.g2.out = y[size_t(v)].get(), g.g2.store_bf16 = true, g.g2.n = H, g.g2.k = I;
-      g.hidden = hidden.as<uint16_t>(), g.row_token = drt.as<int32_t>(), g.tokens = T;
+      g.hidden = hidden.as<uint16_t>(), g.row_token = drt.as<int32_t>(), g.tokens = T, g.pair_grid = pair_grid;
       return g;
     };
     for (int v = 0; v < nv; ++v) {

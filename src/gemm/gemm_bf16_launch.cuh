@@ -14,6 +14,24 @@
 
 namespace loom::gemm {
 
+// The arguments both kernels take alike (their Args name these fields the same).
+template <class Args>
+Args bf16_args(const GemmBf16Params& p, int block_k) {
+  Args a{};
+  a.offsets = p.offsets;
+  a.counts = nullptr;
+  a.stride = 0;
+  a.row_weight = p.row_weight;
+  a.out = p.out;
+  a.experts = p.experts;
+  a.n = p.n;
+  a.k = p.k;
+  a.kblocks = (p.k + block_k - 1) / block_k;
+  a.inter = p.inter;
+  a.store_bf16 = p.store_bf16 ? 1 : 0;
+  return a;
+}
+
 template <class K>
 void launch_bf16_instance(const GemmBf16Params& p, int grid, cudaStream_t stream, bool pdl,
                           const int32_t* row_token = nullptr, int64_t out_rows = 0) {
@@ -31,19 +49,8 @@ void launch_bf16_instance(const GemmBf16Params& p, int grid, cudaStream_t stream
     maps.out = make_tensor_map_2d(p.out, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, rows, cols, cols * 2, 64,
                                   tm::kOutBoxCols, TmaSwizzle::b128);
   }
-  Bf16TokensOnMArgs a{};
-  a.offsets = p.offsets;
-  a.counts = nullptr;
-  a.stride = 0;
-  a.row_weight = p.row_weight;
-  a.out = p.out;
-  a.experts = p.experts;
-  a.n = p.n;
-  a.k = p.k;
-  a.kblocks = (p.k + tm::kBlockK - 1) / tm::kBlockK;
+  auto a = bf16_args<Bf16TokensOnMArgs>(p, tm::kBlockK);
   a.col_blocks = act ? (p.inter + tm::kBoxRows - 1) / tm::kBoxRows : (p.n + tm::kTileCols - 1) / tm::kTileCols;
-  a.inter = p.inter;
-  a.store_bf16 = p.store_bf16 ? 1 : 0;
   a.row_token = row_token;
   a.x = tokens ? reinterpret_cast<const uint16_t*>(p.x) : nullptr;
   launch_grouped_gemm<K>(maps, a, grid, launch_smem_bytes<K>, stream, pdl);
@@ -60,20 +67,9 @@ void launch_bf16_wm_instance(const GemmBf16Params& p, int grid, cudaStream_t str
   maps.w = make_tensor_map_2d(p.weights, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, uint64_t(p.experts) * p.n,
                               uint64_t(p.k), uint64_t(p.k) * 2, act ? wm::kActBoxRows : wm::kRowsBoxRows, wm::kBlockK,
                               TmaSwizzle::b128);
-  Bf16WeightsOnMArgs a{};
-  a.offsets = p.offsets;
-  a.counts = nullptr;
-  a.stride = 0;
-  a.row_weight = p.row_weight;
-  a.out = p.out;
-  a.experts = p.experts;
-  a.n = p.n;
-  a.k = p.k;
-  a.kblocks = (p.k + wm::kBlockK - 1) / wm::kBlockK;
+  auto a = bf16_args<Bf16WeightsOnMArgs>(p, wm::kBlockK);
   a.col_blocks = act ? (p.inter + wm::kActColumns - 1) / wm::kActColumns
                      : (p.n + wm::kRowsBoxRows - 1) / wm::kRowsBoxRows;
-  a.inter = p.inter;
-  a.store_bf16 = p.store_bf16 ? 1 : 0;
   launch_grouped_gemm<K>(maps, a, grid, launch_smem_bytes<K>, stream, pdl);
 }
 

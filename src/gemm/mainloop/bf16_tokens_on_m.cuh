@@ -6,8 +6,10 @@
 #pragma once
 
 #include <cstdint>
+#include <utility>
 
 #include "gemm/gemm_bf16.hpp"
+#include "gemm/mainloop/bf16_k_loop.cuh"
 #include "gemm/ring_cursor.cuh"
 #include "ptx/mbarrier.cuh"
 #include "ptx/tma.cuh"
@@ -39,41 +41,16 @@ struct StageTiles {
                             // 2-CTA cluster, each of the peer's consumer warps: its B half lands here too)
 };
 
-// One unit's K loop for consumer warpgroup `consumer`: acc = A rows x B^T over kblocks stages,
-// starting at stage `st` (advanced past them); release(stage) frees a stage whose MMAs are done.
-// kGenericA: A arrived by cp.async (generic proxy), which the MMAs read through the async proxy.
+// One unit's K loop for consumer warpgroup `consumer` (its 64 rows of A, all of B): acc = A rows x
+// B^T, as bf16_k_loop.
 template <bool kGenericA, class Tiles, class Release>
 __device__ __forceinline__ void k_loop(Tiles& s, float (&acc)[128], int kblocks, int consumer,
                                        PipelineState<Tiles::kStages>& st, const Release& release) {
-  using Mma = ptx::WgmmaBf16<kTileCols>;
-  PipelineState<Tiles::kStages> prev = st;
-  for (int kb = 0; kb < kblocks; ++kb) {
-    ptx::mbar_wait(&s.full[st.stage], st.phase);
-    if constexpr (kGenericA) ptx::fence_proxy_async_shared();
-    const uint64_t desc_a = ptx::smem_desc_k_major_sw128(&s.a[st.stage][consumer * 64 * kBlockK * 2]);
-    const uint64_t desc_b = ptx::smem_desc_k_major_sw128(&s.b[st.stage][0]);
-#pragma unroll
-    for (int i = 0; i < 128; ++i) ptx::fence_operand(acc[i]);
-    ptx::wgmma_fence();
-    // A k16 step is 32 bytes along the swizzled row: +2 in the descriptor's 16-byte units. The
-    // first MMA of the unit overwrites the accumulator.
-#pragma unroll
-    for (int j = 0; j < kBlockK / 16; ++j) Mma::mma(acc, desc_a + 2 * j, desc_b + 2 * j, kb > 0 || j > 0 ? 1 : 0);
-    ptx::wgmma_commit_group();
-    // The previous stage's MMAs are done once at most this stage's group is pending: free it.
-    ptx::wgmma_wait_group<1>();
-#pragma unroll
-    for (int i = 0; i < 128; ++i) ptx::fence_operand(acc[i]);
-    if (kb > 0) {
-      release(prev.stage);
-      prev.advance();
-    }
-    st.advance();
-  }
-  ptx::wgmma_wait_group<0>();
-#pragma unroll
-  for (int i = 0; i < 128; ++i) ptx::fence_operand(acc[i]);
-  if (kblocks > 0) release(prev.stage);
+  auto descs = [&](uint32_t stage) {
+    return std::pair{ptx::smem_desc_k_major_sw128(&s.a[stage][consumer * 64 * kBlockK * 2]),
+                     ptx::smem_desc_k_major_sw128(&s.b[stage][0])};
+  };
+  bf16_k_loop<ptx::WgmmaBf16<kTileCols>, kGenericA>(s.full, acc, kblocks, st, descs, release);
 }
 
 }  // namespace loom::gemm::bf16_tokens_on_m

@@ -6,7 +6,9 @@
 #pragma once
 
 #include <cstdint>
+#include <utility>
 
+#include "gemm/mainloop/bf16_k_loop.cuh"
 #include "gemm/ring_cursor.cuh"
 #include "ptx/mbarrier.cuh"
 #include "ptx/wgmma.cuh"
@@ -30,37 +32,14 @@ struct StageTiles {
   uint64_t empty[kStages];  // every thread of the consumer warpgroup, once its MMAs on the stage completed
 };
 
-// One unit's K loop: acc = A (weight rows) x B^T (the chunk's rows) over kblocks stages from `st`
-// (advanced past them); release(stage) frees a stage whose MMAs are done.
+// One unit's K loop: acc = A (weight rows) x B^T (the chunk's rows), as bf16_k_loop.
 template <class Release>
 __device__ __forceinline__ void k_loop(StageTiles& s, float (&acc)[32], int kblocks, PipelineState<kStages>& st,
                                        const Release& release) {
-  using Mma = ptx::WgmmaBf16<kChunk>;
-  PipelineState<kStages> prev = st;
-  for (int kb = 0; kb < kblocks; ++kb) {
-    ptx::mbar_wait(&s.full[st.stage], st.phase);
-    const uint64_t desc_a = ptx::smem_desc_k_major_sw128(&s.a[st.stage][0]);
-    const uint64_t desc_b = ptx::smem_desc_k_major_sw128(&s.b[st.stage][0]);
-#pragma unroll
-    for (int i = 0; i < 32; ++i) ptx::fence_operand(acc[i]);
-    ptx::wgmma_fence();
-    // A k16 step is 32 bytes along the swizzled row: +2 in the descriptor's 16-byte units.
-#pragma unroll
-    for (int j = 0; j < kBlockK / 16; ++j) Mma::mma(acc, desc_a + 2 * j, desc_b + 2 * j, kb > 0 || j > 0 ? 1 : 0);
-    ptx::wgmma_commit_group();
-    ptx::wgmma_wait_group<1>();  // the previous stage's MMAs are done: free it
-#pragma unroll
-    for (int i = 0; i < 32; ++i) ptx::fence_operand(acc[i]);
-    if (kb > 0) {
-      release(prev.stage);
-      prev.advance();
-    }
-    st.advance();
-  }
-  ptx::wgmma_wait_group<0>();
-#pragma unroll
-  for (int i = 0; i < 32; ++i) ptx::fence_operand(acc[i]);
-  if (kblocks > 0) release(prev.stage);
+  auto descs = [&](uint32_t stage) {
+    return std::pair{ptx::smem_desc_k_major_sw128(&s.a[stage][0]), ptx::smem_desc_k_major_sw128(&s.b[stage][0])};
+  };
+  bf16_k_loop<ptx::WgmmaBf16<kChunk>, false>(s.full, acc, kblocks, st, descs, release);
 }
 
 }  // namespace loom::gemm::bf16_weights_on_m
