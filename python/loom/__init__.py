@@ -55,7 +55,7 @@ def _check_tensor(name: str, t: torch.Tensor, dtype, shape: tuple, device: torch
         _fail(f"{name} must be {dtype}, got {t.dtype}", TypeError)
     if t.device != device:
         _fail(f"{name} is on {t.device}, hidden on {device}: all tensors must be on one device")
-    if tuple(t.shape) != tuple(shape):
+    if t.shape != shape:  # (torch.Size compares with a tuple as one)
         _fail(f"{name} must have shape {tuple(shape)}, got {tuple(t.shape)}")
     if not t.is_contiguous():
         _fail(f"{name} must be contiguous")
@@ -103,19 +103,19 @@ def _weights_stamp(ts: tuple) -> tuple:
     return tuple((t.data_ptr(), t._version) if t is not None else None for t in ts)
 
 
-def _same_objects(refs: tuple, ts: tuple) -> bool:
-    return all(t is None if r is None else r() is t for r, t in zip(refs, ts))
-
-
 def _known_weights(ts: tuple, device: torch.device, hidden_width: int):
     """(dims, pointers) of weights validated before and unchanged since, else None."""
-    hit = _validated.get(tuple(map(id, ts)))
+    # One flat pass: this runs on every eager call.
+    hit = _validated.get((*map(id, ts), hidden_width))
     if hit is None:
         return None
-    refs, stamp, dev, width, known = hit
-    if not _same_objects(refs, ts) or dev != device or width != hidden_width:
-        return None
-    return known if _weights_stamp(ts) == stamp else None
+    refs, stamp, dev, known = hit
+    for r, t, st in zip(refs, ts, stamp):
+        if t is None:
+            continue
+        if r() is not t or t._version != st[1] or t.data_ptr() != st[0]:
+            return None
+    return known if dev == device else None
 
 
 def _remember_weights(names: tuple, ts: tuple, device: torch.device, hidden_width: int, dims: tuple) -> tuple:
@@ -123,7 +123,7 @@ def _remember_weights(names: tuple, ts: tuple, device: torch.device, hidden_widt
     if len(_validated) > 4096:  # weights that come and go (tests): forget them all now and then
         _validated.clear()
     refs = tuple(weakref.ref(t) if t is not None else None for t in ts)  # bf16 weights have no scales
-    _validated[tuple(map(id, ts))] = (refs, _weights_stamp(ts), device, hidden_width, (dims, ptrs))
+    _validated[(*map(id, ts), hidden_width)] = (refs, _weights_stamp(ts), device, (dims, ptrs))
     return dims, ptrs
 
 

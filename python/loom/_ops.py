@@ -125,13 +125,17 @@ def _routing_key(scoring, softcap, renormalize, n_group, topk_group, routed_scal
 
 
 def _inputs(hidden, router_logits, topk_ids, topk_weights, expert_bias) -> _lib.Inputs:
-    # One alignment test for all five (a call per tensor costs more than loom's launches on the host).
-    ptrs = [t.data_ptr() if t is not None else 0 for t in (hidden, router_logits, expert_bias, topk_ids, topk_weights)]
-    if (ptrs[0] | ptrs[1] | ptrs[2] | ptrs[3] | ptrs[4]) & 15:
+    # Straight-line, one alignment test for all five: this runs on every eager call.
+    p0 = hidden.data_ptr()
+    p1 = router_logits.data_ptr() if router_logits is not None else 0
+    p2 = expert_bias.data_ptr() if expert_bias is not None else 0
+    p3 = topk_ids.data_ptr() if topk_ids is not None else 0
+    p4 = topk_weights.data_ptr() if topk_weights is not None else 0
+    if (p0 | p1 | p2 | p3 | p4) & 15:
         for name, t in zip(("hidden", "router_logits", "expert_bias", "topk_ids", "topk_weights"),
                            (hidden, router_logits, expert_bias, topk_ids, topk_weights)):
             aligned_ptr(name, t)
-    return _lib.Inputs(hidden.shape[0], *ptrs)
+    return _lib.Inputs(hidden.shape[0], p0, p1, p2, p3, p4)
 
 
 def ffn_into(out, hidden, w13, w2, w13_scale, w2_scale, router_logits, topk_ids, topk_weights, expert_bias, topk,
