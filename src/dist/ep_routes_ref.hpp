@@ -1,0 +1,58 @@
+// CPU reference of expert parallelism's data movement (issue 49): where each route of a rank is
+// sent, where the received rows sit on their owner, and the combine of the returned rows in slot
+// order. The device dispatch and combine (to come: they need several GPUs to run) are checked
+// against it; ep_world_ref runs all P ranks on the CPU and equals the one-GPU layer's reference.
+//
+// Order: a rank's send rows are grouped by destination rank (ascending), within one in slot order
+// t k + j; a rank's received rows are grouped by source rank (ascending), each group in the
+// sender's order. The owner returns each row's output in its received position, so the sender
+// finds slot (t, j)'s output where it sent the route.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "dist/placement.hpp"
+#include "pipeline/layer_ref.hpp"
+#include "route/route_ref.hpp"
+
+namespace loom::dist {
+
+struct SendLayout {
+  std::vector<int64_t> counts;         // [P] rows this rank sends to each rank (itself included)
+  std::vector<int64_t> offsets;        // [P + 1] exclusive scan of counts
+  std::vector<int32_t> slot;           // [rows] each send row's route slot t k + j
+  std::vector<int32_t> local_expert;   // [rows] its expert's index on the destination rank
+  std::vector<int32_t> position;       // [T k] each slot's send row, -1 where the id is out of range
+  int64_t dropped = 0;                 // routes with an id outside [0, E): not sent, counted
+};
+
+// ids: [T, k] global expert ids of this rank's tokens.
+SendLayout send_layout_ref(const Placement& p, const int32_t* ids, int64_t tokens, int64_t topk);
+
+// A rank's received rows: counts_from[q] rows from rank q, at offsets[q].
+struct RecvLayout {
+  std::vector<int64_t> offsets;  // [P + 1]
+  int64_t rows() const { return offsets.back(); }
+};
+RecvLayout recv_layout_ref(const std::vector<int64_t>& counts_from);
+
+// ffn out [T, H] (double, before the final rounding) from the returned rows [send rows, H], each
+// already weight x row rounded to bf16 (the deterministic combine's rule, docs/numerics.md): per
+// token, its k rows summed in slot order; a dropped route adds nothing.
+std::vector<double> combine_ref(const SendLayout& s, const std::vector<float>& returned, int64_t tokens,
+                                int64_t topk, int64_t hidden);
+
+// The experts of `experts` (global ids, in local order) of an ffn layer's weights, as a layer of
+// that many experts.
+LayerWeights slice_experts(const LayerWeights& w, const std::vector<int32_t>& experts);
+
+// All P ranks of an ffn layer on the CPU: rank r holds hidden[r] [T_r, H] and its routes topk[r]
+// (global ids); each sends its routes to their owners, each owner runs its local experts on the
+// rows it received (layer_ref, one route a row, route rows rounded to bf16), returns the outputs,
+// and each sender combines them. Returns every rank's out [T_r, H] before the final rounding.
+std::vector<std::vector<double>> ep_world_ref(const LayerWeights& w, const EpConfig& base,
+                                              const std::vector<std::vector<bf16>>& hidden,
+                                              const std::vector<TopK>& topk);
+
+}  // namespace loom::dist

@@ -1,0 +1,150 @@
+// Expert parallelism's CPU reference: the send layout by hand and by its invariants, and all P
+// ranks of a layer run on the CPU equal to the one-GPU layer's reference, bit for bit.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <string>
+#include <vector>
+
+#include "common/rng.hpp"
+#include "dist/ep_routes_ref.hpp"
+#include "pipeline/layer_ref.hpp"
+#include "test_seed.hpp"
+#include "workload/workload.hpp"
+
+namespace loom::dist {
+namespace {
+
+using Ints = std::vector<int32_t>;
+using Longs = std::vector<int64_t>;
+
+TEST(EpRoutesRef, SendLayoutHandCase) {
+  // P 2, E 4: rank 0 owns experts 0-1, rank 1 owns 2-3. T 3, k 2; slot 5's id is out of range.
+  EpConfig c;
+  c.size = 2;
+  const Placement p = make_placement(4, c);
+  const int32_t ids[] = {2, 0, 3, 1, 0, 5};
+  const SendLayout s = send_layout_ref(p, ids, 3, 2);
+  EXPECT_EQ(s.counts, (Longs{3, 2}));
+  EXPECT_EQ(s.offsets, (Longs{0, 3, 5}));
+  EXPECT_EQ(s.slot, (Ints{1, 3, 4, 0, 2}));
+  EXPECT_EQ(s.local_expert, (Ints{0, 1, 0, 0, 1}));
+  EXPECT_EQ(s.position, (Ints{3, 0, 4, 1, 2, -1}));
+  EXPECT_EQ(s.dropped, 1);
+  const RecvLayout r = recv_layout_ref({2, 0, 7});
+  EXPECT_EQ(r.offsets, (Longs{0, 2, 2, 9}));
+  EXPECT_EQ(r.rows(), 9);
+  EXPECT_THROW(recv_layout_ref({1, -1}), Error);
+}
+
+TEST(EpRoutesRef, SendLayoutInvariants) {
+  LOOM_FRESH_SEED();
+  Rng rng(seed);
+  for (int trial = 0; trial < 20; ++trial) {
+    const int64_t E = 1 + int64_t(rng.below(40)), k = 1 + int64_t(rng.below(4));
+    const int P = 1 + int(rng.below(uint64_t(std::min<int64_t>(E, 8))));
+    const int64_t T = int64_t(rng.below(50));
+    EpConfig c;
+    c.size = P;
+    c.rank = int(rng.below(uint64_t(P)));
+    if (trial % 2) {  // a random map that gives every rank an expert
+      c.expert_rank.resize(size_t(E));
+      for (int64_t e = 0; e < E; ++e) c.expert_rank[size_t(e)] = e < P ? int32_t(e) : int32_t(rng.below(uint64_t(P)));
+    }
+    const Placement p = make_placement(E, c);
+    Ints ids(size_t(T * k));
+    for (auto& id : ids) id = int32_t(rng.below(uint64_t(E + 2))) - 1;  // -1 and E: out of range
+    const SendLayout s = send_layout_ref(p, ids.data(), T, k);
+    int64_t dropped = 0;
+    for (int64_t r = 0; r < T * k; ++r) {
+      const int32_t e = ids[size_t(r)];
+      if (e < 0 || e >= E) {
+        ++dropped;
+        EXPECT_EQ(s.position[size_t(r)], -1);
+        continue;
+      }
+      const int32_t row = s.position[size_t(r)];
+      ASSERT_GE(row, 0);
+      EXPECT_EQ(s.slot[size_t(row)], r);
+      const int32_t dest = p.owner[size_t(e)];
+      EXPECT_GE(row, s.offsets[size_t(dest)]);
+      EXPECT_LT(row, s.offsets[size_t(dest) + 1]);
+      EXPECT_EQ(s.local_expert[size_t(row)], p.local_index[size_t(e)]);
+    }
+    EXPECT_EQ(s.dropped, dropped);
+    EXPECT_EQ(s.offsets.back(), T * k - dropped);
+    for (int q = 0; q < P; ++q)  // slot order within each destination
+      for (int64_t row = s.offsets[size_t(q)] + 1; row < s.offsets[size_t(q) + 1]; ++row)
+        EXPECT_LT(s.slot[size_t(row - 1)], s.slot[size_t(row)]);
+  }
+}
+
+struct WorldCase {
+  DType dtype;
+  int ranks;
+  std::string dist;
+  bool map;
+};
+
+// P ranks with different token counts (one with none) against one batch of all their tokens.
+void expect_world_equals_one_gpu(const WorldCase& wc, uint64_t seed) {
+  SCOPED_TRACE(std::string(to_string(wc.dtype)) + " P=" + std::to_string(wc.ranks) + " " + wc.dist +
+               (wc.map ? " map" : " blocks"));
+  Shape s;
+  s.hidden = 256;
+  s.inter = 128;
+  s.experts = 8;
+  s.topk = 3;
+  s.mode = Mode::ffn;
+  s.dtype = wc.dtype;
+  const LayerWeights w = make_weights(s, seed);
+  const Longs tokens_of{5, 0, 9, 3};
+  std::vector<std::vector<bf16>> hidden;
+  std::vector<TopK> topk;
+  std::vector<bf16> all_hidden;
+  TopK all;
+  all.topk = s.topk;
+  for (int r = 0; r < wc.ranks; ++r) {
+    Shape sr = s;
+    sr.tokens = tokens_of[size_t(r)];
+    hidden.push_back(make_hidden(sr, seed + 11 * uint64_t(r + 1)));
+    topk.push_back(make_routes(sr, Routing{}, parse_distribution(wc.dist), seed + 17 * uint64_t(r + 1)).topk);
+    if (r == 0 && sr.tokens > 0) topk[0].ids[1] = int32_t(s.experts);  // one out-of-range id: dropped alike
+    all_hidden.insert(all_hidden.end(), hidden.back().begin(), hidden.back().end());
+    all.ids.insert(all.ids.end(), topk.back().ids.begin(), topk.back().ids.end());
+    all.weights.insert(all.weights.end(), topk.back().weights.begin(), topk.back().weights.end());
+    all.tokens += sr.tokens;
+  }
+  EpConfig c;
+  c.size = wc.ranks;
+  if (wc.map) c.expert_rank = {1 % wc.ranks, 0, 2 % wc.ranks, 0, 3 % wc.ranks, 1 % wc.ranks, 0, 2 % wc.ranks};
+  const auto world = ep_world_ref(w, c, hidden, topk);
+  const LayerResult one = layer_ref(w, all_hidden.data(), all, nullptr, true);
+  int64_t row0 = 0;
+  for (int r = 0; r < wc.ranks; ++r) {
+    const int64_t n = tokens_of[size_t(r)] * s.hidden;
+    ASSERT_EQ(int64_t(world[size_t(r)].size()), n);
+    for (int64_t i = 0; i < n; ++i)
+      ASSERT_EQ(world[size_t(r)][size_t(i)], one.out[size_t(row0 + i)]) << "rank " << r << " element " << i;
+    row0 += n;
+  }
+}
+
+TEST(EpRoutesRef, WorldEqualsOneGpuBitForBit) {
+  LOOM_FRESH_SEED();
+  for (const DType dt : {DType::bf16, DType::fp8})
+    for (const int P : {1, 2, 3, 4}) expect_world_equals_one_gpu({dt, P, "random", false}, seed);
+  expect_world_equals_one_gpu({DType::bf16, 3, "random", true}, seed);
+  expect_world_equals_one_gpu({DType::fp8, 4, "random", true}, seed);
+}
+
+TEST(EpRoutesRef, WorldSkewedToOneRank) {
+  LOOM_FRESH_SEED();
+  // hot:1: every token routes to one expert; concentrated: every token picks the same k experts,
+  // so some ranks receive nothing.
+  expect_world_equals_one_gpu({DType::bf16, 4, "hot:1", false}, seed);
+  expect_world_equals_one_gpu({DType::fp8, 2, "concentrated", false}, seed);
+}
+
+}  // namespace
+}  // namespace loom::dist
