@@ -29,8 +29,11 @@ usage:
   loom-lab gather-probe [--tiles N] [--repeats R]   gathering activation rows by token from L2
                          (cp.async into shared memory, or loads into registers) at several
                          shared-memory sizes
-  loom-lab stream-probe [--repeats R]   streaming the preset's expert weights from HBM by TMA into a
-                         shared-memory ring with nothing consuming them (ring depths, box shapes, orders)
+  loom-lab stream-probe [--repeats R] [--pitch B] [--unit-rows N]   streaming 256 MiB of weights from
+                         HBM by TMA into a shared-memory ring with nothing consuming them (ring depths,
+                         issue orders, L2 prefetches and promotion, bulk copies; the floor's reader),
+                         as rows of B bytes (default 2048: FP8 K=2048) in boxes of N rows x 128 B
+                         (default 128); BF16 h200-bf16: --pitch 6144 (w13) or 3072 (w2)
   loom-lab warp-probe [--repeats R]   cycles of the warp steps the routing waits on (reduction,
                          ballot, shuffle, match, one arg-max round), as dependent chains in one warp
   loom-lab phase-profile [--preset P] [--tokens T] [--runs N] [--seed S]   the tokens-on-M GEMM's
@@ -71,9 +74,11 @@ int cmd_gather_probe(int argc, char** argv) {
 }
 
 int cmd_stream_probe(int argc, char** argv) {
-  const Args a(rest(argc, argv), {"repeats"}, {});
+  const Args a(rest(argc, argv), {"repeats", "pitch", "unit-rows"}, {});
   loom::bench::StreamProbeOptions opt;
   opt.repeats = int(a.integer("repeats", opt.repeats));
+  opt.pitch = a.integer("pitch", opt.pitch);
+  opt.unit_rows = int(a.integer("unit-rows", opt.unit_rows));
   if (opt.repeats < 1) throw Error("--repeats must be >= 1");
   std::cout << loom::bench::run_stream_probe(opt, std::cerr) << std::flush;
   return 0;
