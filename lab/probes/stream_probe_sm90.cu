@@ -30,7 +30,8 @@ constexpr int kThreads = 64;  // warp 0: the producer's lane 0; warp 1: the cons
 struct Geometry {
   int64_t pitch;  // bytes per row (a multiple of 128)
   int unit_rows;
-  __host__ __device__ int units() const { return int(kWeightBytes / (pitch * unit_rows)); }
+  // Whole groups of four units (Order::k_outer4's), so every order streams the same bytes.
+  __host__ __device__ int units() const { return int(kWeightBytes / (pitch * unit_rows)) / 4 * 4; }
   __host__ __device__ int blocks() const { return int(pitch / kBlockK); }
   __host__ __device__ int stage_bytes() const { return unit_rows * kBlockK; }
 };
