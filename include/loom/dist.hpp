@@ -1,0 +1,77 @@
+// Expert parallelism over NCCL (issue 49): P ranks, one GPU each, each owning some of the E experts.
+// A rank's run routes its own tokens, sends every route to the rank that owns its expert, runs its
+// experts on the rows it received (through a plan of its own experts), returns the outputs and
+// combines each token's rows in slot order. The same contract as run(): device pointers, one
+// stream, no host synchronisation, capturable in a CUDA graph. The NCCL communicator is the
+// caller's (loom never creates or owns one); every rank calls run_ep() for the same run.
+//
+//   loom::EpPlan p = loom::plan_ep(shape, routing, options, ep);  // shape: this rank's most tokens, all E
+//   cudaMalloc(&ws, loom::workspace_bytes(p));
+//   loom::run_ep(p, local_weights, inputs, out, ws, comm, stream);  // local_weights: this rank's experts
+//
+// The first form: the rows travel by grouped ncclSend/ncclRecv of fixed segments of rows_per_peer
+// rows per peer, full segments whatever the counts (graph capture needs sizes known on the host).
+// rows_per_peer is a tunable cap: routes beyond it are not sent, and EpStatus::overflow_routes
+// counts them. Rows travel in bf16 (an FP8 layer quantises on the owner). Not yet measured on
+// several GPUs (docs/architecture.md).
+#pragma once
+
+#include <nccl.h>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "loom/loom.hpp"
+
+namespace loom {
+
+struct ExpertParallel {
+  int size = 1;  // P
+  int rank = 0;  // this rank, in [0, P); its NCCL rank in the communicator
+  // This rank's experts as a range [first_expert, first_expert + expert_count) (both or neither,
+  // -1 = not given); without a map it must be the rank's block of the contiguous placement.
+  int64_t first_expert = -1, expert_count = -1;
+  // Every expert's owner, [E] ranks in [0, P); empty: contiguous blocks (rank r owns experts
+  // [r E / P, (r + 1) E / P)).
+  std::vector<int32_t> expert_rank;
+  // Rows a rank sends to one peer per run. 0: twice a balanced share, ceil(2 T k / P) rounded up to
+  // 16 rows, at most T k (dist/ep_buffers.hpp).
+  int64_t rows_per_peer = 0;
+};
+
+struct EpStatus {
+  uint32_t nan_tokens = 0;       // this rank's tokens with a NaN router logit
+  uint32_t dropped_routes = 0;   // this rank's routes whose id was outside [0, E)
+  uint32_t overflow_routes = 0;  // this rank's routes beyond a peer's rows_per_peer: not sent, their rows add nothing
+};
+
+struct EpPlan {
+  Shape shape;  // this rank's most tokens per run; experts = all E
+  Routing routing;
+  Options options;
+  ExpertParallel ep;
+  int64_t rows_per_peer = 0;
+  std::vector<int32_t> local_experts;  // this rank's experts (global ids) in local order
+  std::vector<int32_t> owner, local_index;  // [E]
+  Plan local;  // this rank's experts over P x rows_per_peer rows of one route each (deterministic)
+  struct Layout {
+    size_t topk_ids, topk_weights, nan_flags, dest, offsets, route_row, row_token, row_weight, slice_counts, status,
+        overflow, slot_row, send_x, send_ids, send_w, recv_x, recv_ids, recv_w, out_local, out_back, local, total;
+  } layout{};
+};
+
+// Throws loom::Error for an invalid shape, routing or placement (docs/api.md: expert parallelism).
+EpPlan plan_ep(const Shape& max_shape, const Routing& routing, const Options& options, const ExpertParallel& ep);
+size_t workspace_bytes(const EpPlan& p);
+std::string describe(const EpPlan& p);
+
+// local: this rank's experts' weights, [E_local, ...] in local order (EpPlan::local_experts), laid
+// out as Weights describes. output: bf16 [T, H]. Enqueues NCCL calls on `stream` through `comm`.
+void run_ep(const EpPlan& p, const Weights& local, const Inputs& in, void* output, void* workspace, ncclComm_t comm,
+            cudaStream_t stream);
+
+// Synchronous: the status of the last run on `stream`.
+EpStatus read_status(const EpPlan& p, const void* workspace, cudaStream_t stream);
+
+}  // namespace loom

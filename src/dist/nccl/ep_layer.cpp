@@ -1,0 +1,276 @@
+// Expert parallelism's plan and run (include/loom/dist.hpp): route, the send layout (dist/ep_send),
+// grouped NCCL send/recv of fixed segments, the local plan on the received rows, the outputs back,
+// the slot-order combine (gemm/combine_rows). Built into libloom_dist (NCCL) apart from libloom.
+#include <nccl.h>
+
+#include <algorithm>
+#include <string>
+
+#include "common/cuda_check.hpp"
+#include "dispatch/dispatch_sm90.cuh"
+#include "dist/ep_buffers.hpp"
+#include "dist/ep_send_sm90.cuh"
+#include "dist/placement.hpp"
+#include "gemm/combine_rows_sm90.cuh"
+#include "loom/dist.hpp"
+#include "route/route_topk_sm90.cuh"
+
+namespace loom {
+namespace {
+
+void nccl_check(ncclResult_t r, const char* what) {
+  if (r != ncclSuccess) throw Error(std::string("run_ep: ") + what + ": " + ncclGetErrorString(r));
+}
+
+size_t carve(size_t& cursor, size_t bytes) {
+  const size_t at = cursor;
+  cursor += (bytes + 1023) / 1024 * 1024;
+  return at;
+}
+
+template <class T>
+T* at(void* ws, size_t offset) {
+  return reinterpret_cast<T*>(static_cast<uint8_t*>(ws) + offset);
+}
+
+dist::EpTables tables(const EpPlan& p) {
+  dist::EpTables t{};
+  for (size_t e = 0; e < p.owner.size(); ++e) {
+    t.owner[e] = uint16_t(p.owner[e]);
+    t.local[e] = uint16_t(p.local_index[e]);
+  }
+  return t;
+}
+
+}  // namespace
+
+EpPlan plan_ep(const Shape& max_shape, const Routing& routing, const Options& options, const ExpertParallel& ep) {
+  validate(max_shape);
+  validate(routing, max_shape);
+  const Shape& s = max_shape;
+  if (s.mode != Mode::ffn) throw Error("expert parallelism runs the ffn layer (mode ffn)");
+  if (s.tokens < 1) throw Error("expert parallelism: the plan's most tokens must be at least 1");
+  if (s.experts > kGpuMaxExperts || s.topk > kGpuMaxTopk)
+    throw Error("expert parallelism: E <= " + std::to_string(kGpuMaxExperts) + " and k <= " +
+                std::to_string(kGpuMaxTopk));
+  dist::EpConfig c;
+  c.size = ep.size;
+  c.rank = ep.rank;
+  c.first_expert = ep.first_expert;
+  c.expert_count = ep.expert_count;
+  c.expert_rank = ep.expert_rank;
+  const dist::Placement pl = dist::make_placement(s.experts, c);
+  dist::BufferSpec bs;
+  bs.tokens = s.tokens;
+  bs.topk = s.topk;
+  bs.hidden = s.hidden;
+  bs.dtype = DType::bf16;  // the rows travel in bf16
+  bs.ranks = ep.size;
+  bs.rows_per_peer = ep.rows_per_peer;
+  const dist::Buffers buf = dist::buffer_bytes(bs);
+  if (int64_t(ep.size) * buf.rows_per_peer * s.hidden >= (int64_t(1) << 31))
+    throw Error("expert parallelism: P x rows_per_peer x H must stay below 2^31 (32-bit row offsets)");
+
+  EpPlan p;
+  p.shape = s;
+  p.routing = routing;
+  p.options = options;
+  p.ep = ep;
+  p.rows_per_peer = buf.rows_per_peer;
+  p.local_experts = pl.local_experts;
+  p.owner = pl.owner;
+  p.local_index = pl.local_index;
+  // The owner's run: every received row is one route of weight w to a local expert; deterministic,
+  // so each returned row is GEMM 2's weighted row rounded to bf16, as the one-GPU combine sums them.
+  Shape ls{int64_t(ep.size) * p.rows_per_peer, s.hidden, s.inter, int64_t(pl.local_experts.size()), 1, Mode::ffn,
+           s.dtype};
+  Options lo = options;
+  lo.deterministic = true;
+  lo.debug_checks = false;  // padding rows are dropped routes by design
+  p.local = plan(ls, Routing{}, lo);
+
+  const int64_t R = s.tokens * s.topk, P = ep.size, rows = P * p.rows_per_peer, H = s.hidden;
+  size_t cur = 0;
+  EpPlan::Layout& L = p.layout;
+  L.topk_ids = carve(cur, size_t(R) * 4);
+  L.topk_weights = carve(cur, size_t(R) * 4);
+  L.nan_flags = carve(cur, size_t(s.tokens));
+  L.dest = carve(cur, size_t(R) * 4);
+  L.offsets = carve(cur, size_t(P + 1) * 4);
+  L.route_row = carve(cur, size_t(R) * 4);
+  L.row_token = carve(cur, size_t(R) * 4);
+  L.row_weight = carve(cur, size_t(R) * 4);
+  L.slice_counts = carve(cur, dispatch_slice_count_bytes(s.tokens, s.topk, P));
+  L.status = carve(cur, sizeof(LayerStatus));
+  L.overflow = carve(cur, 4);
+  L.slot_row = carve(cur, size_t(R) * 4);
+  L.send_x = carve(cur, size_t(rows * H) * 2);
+  L.send_ids = carve(cur, size_t(rows) * 4);
+  L.send_w = carve(cur, size_t(rows) * 4);
+  L.recv_x = carve(cur, size_t(rows * H) * 2);
+  L.recv_ids = carve(cur, size_t(rows) * 4);
+  L.recv_w = carve(cur, size_t(rows) * 4);
+  L.out_local = carve(cur, size_t(rows * H) * 2);
+  L.out_back = carve(cur, size_t(rows * H) * 2);
+  L.local = carve(cur, workspace_bytes(p.local));
+  L.total = cur;
+  return p;
+}
+
+size_t workspace_bytes(const EpPlan& p) { return p.layout.total; }
+
+std::string describe(const EpPlan& p) {
+  dist::EpConfig c;
+  c.size = p.ep.size;
+  c.rank = p.ep.rank;
+  c.expert_rank = p.ep.expert_rank;
+  return "expert parallelism: " + dist::describe(dist::make_placement(p.shape.experts, c)) + "; " +
+         std::to_string(p.rows_per_peer) + " rows per peer; " + describe(p.shape) + "\nlocal plan:\n" +
+         describe(p.local);
+}
+
+void run_ep(const EpPlan& p, const Weights& local, const Inputs& in, void* output, void* workspace, ncclComm_t comm,
+            cudaStream_t stream) {
+  const Shape& s = p.shape;
+  const int T = int(in.tokens), k = int(s.topk), E = int(s.experts), P = p.ep.size, H = int(s.hidden);
+  const int cap = int(p.rows_per_peer);
+  if (in.tokens < 0 || in.tokens > s.tokens)
+    throw Error("run_ep: tokens must be in [0, " + std::to_string(s.tokens) + "], got " + std::to_string(in.tokens));
+  if (!workspace || !comm) throw Error("run_ep: null workspace or communicator");
+  const bool from_logits = in.router_logits != nullptr;
+  if (T > 0 && (!in.hidden || !output || (!from_logits && (!in.topk_ids || !in.topk_weights))))
+    throw Error("run_ep: hidden, the output and router_logits (or topk_ids with topk_weights) are required");
+  int ranks = 0, me = 0;
+  nccl_check(ncclCommCount(comm, &ranks), "ncclCommCount");
+  nccl_check(ncclCommUserRank(comm, &me), "ncclCommUserRank");
+  if (ranks != P || me != p.ep.rank)
+    throw Error("run_ep: the communicator has rank " + std::to_string(me) + " of " + std::to_string(ranks) +
+                ", the plan rank " + std::to_string(p.ep.rank) + " of " + std::to_string(P));
+
+  const EpPlan::Layout& L = p.layout;
+  const dist::EpTables tab = tables(p);
+  const int32_t* ids = in.topk_ids;
+  const float* weights = in.topk_weights;
+  if (from_logits) {
+    RouteTopkParams rp;
+    rp.logits = in.router_logits;
+    rp.bias = in.expert_bias;
+    rp.topk_ids = at<int32_t>(workspace, L.topk_ids);
+    rp.topk_weights = at<float>(workspace, L.topk_weights);
+    rp.nan_flags = at<uint8_t>(workspace, L.nan_flags);
+    rp.tokens = T;
+    rp.experts = E;
+    rp.topk = k;
+    rp.routing = p.routing;
+    if (T > 0) launch_route_topk(rp, stream, false);
+    ids = rp.topk_ids;
+    weights = rp.topk_weights;
+  }
+  int32_t* offsets = at<int32_t>(workspace, L.offsets);
+  int32_t* route_row = at<int32_t>(workspace, L.route_row);
+  dist::EpSendParams sp;
+  sp.hidden = static_cast<const uint16_t*>(in.hidden);
+  sp.ids = ids;
+  sp.weights = weights;
+  sp.dest = at<int32_t>(workspace, L.dest);
+  sp.offsets = offsets;
+  sp.route_row = route_row;
+  sp.tokens = T;
+  sp.topk = k;
+  sp.hidden_dim = H;
+  sp.experts = E;
+  sp.ranks = P;
+  sp.rows_per_peer = cap;
+  sp.send_x = at<uint16_t>(workspace, L.send_x);
+  sp.send_ids = at<int32_t>(workspace, L.send_ids);
+  sp.send_w = at<float>(workspace, L.send_w);
+  sp.slot_row = at<int32_t>(workspace, L.slot_row);
+  sp.overflow = at<uint32_t>(workspace, L.overflow);
+  if (T > 0) {
+    launch_ep_owner(tab, sp, stream);
+    // The ranks as "experts": counts, offsets and each route's position among its owner's, stable.
+    DispatchParams dp;
+    dp.topk_ids = sp.dest;
+    dp.topk_weights = weights;
+    dp.nan_flags = from_logits ? at<uint8_t>(workspace, L.nan_flags) : nullptr;
+    dp.tokens = T;
+    dp.topk = k;
+    dp.experts = P;
+    dp.offsets = offsets;
+    dp.route_row = route_row;
+    dp.row_token = at<int32_t>(workspace, L.row_token);
+    dp.row_weight = at<float>(workspace, L.row_weight);
+    dp.status = at<LayerStatus>(workspace, L.status);
+    dp.slice_counts = at<int32_t>(workspace, L.slice_counts);
+    launch_dispatch(dp, stream, false);
+    launch_ep_pack_rows(tab, sp, stream);
+  } else {  // nothing to send, but the peers' exchanges still need this rank's (empty) segments
+    LOOM_CUDA_CHECK(cudaMemsetAsync(offsets, 0, size_t(P + 1) * 4, stream));
+    LOOM_CUDA_CHECK(cudaMemsetAsync(at<void>(workspace, L.status), 0, sizeof(LayerStatus), stream));
+  }
+  launch_ep_pad_segments(sp, stream);
+
+  // Every peer's whole segment each way: sizes the host knows, so the exchange is capturable.
+  const size_t seg_x = size_t(cap) * size_t(H), seg = size_t(cap);
+  nccl_check(ncclGroupStart(), "ncclGroupStart");
+  for (int q = 0; q < P && cap > 0; ++q) {
+    nccl_check(ncclSend(sp.send_x + q * seg_x, seg_x, ncclBfloat16, q, comm, stream), "ncclSend rows");
+    nccl_check(ncclSend(sp.send_ids + q * seg, seg, ncclInt32, q, comm, stream), "ncclSend ids");
+    nccl_check(ncclSend(sp.send_w + q * seg, seg, ncclFloat32, q, comm, stream), "ncclSend weights");
+    nccl_check(ncclRecv(at<uint16_t>(workspace, L.recv_x) + q * seg_x, seg_x, ncclBfloat16, q, comm, stream),
+               "ncclRecv rows");
+    nccl_check(ncclRecv(at<int32_t>(workspace, L.recv_ids) + q * seg, seg, ncclInt32, q, comm, stream), "ncclRecv ids");
+    nccl_check(ncclRecv(at<float>(workspace, L.recv_w) + q * seg, seg, ncclFloat32, q, comm, stream),
+               "ncclRecv weights");
+  }
+  nccl_check(ncclGroupEnd(), "ncclGroupEnd");
+
+  // This rank's experts on every received row; padding rows (id -1) are dropped routes there.
+  Inputs li;
+  li.tokens = int64_t(P) * cap;
+  li.hidden = at<uint16_t>(workspace, L.recv_x);
+  li.topk_ids = at<int32_t>(workspace, L.recv_ids);
+  li.topk_weights = at<float>(workspace, L.recv_w);
+  if (li.tokens > 0) run(p.local, local, li, at<void>(workspace, L.out_local), at<void>(workspace, L.local), stream);
+
+  nccl_check(ncclGroupStart(), "ncclGroupStart");
+  for (int q = 0; q < P && cap > 0; ++q) {
+    nccl_check(ncclSend(at<uint16_t>(workspace, L.out_local) + q * seg_x, seg_x, ncclBfloat16, q, comm, stream),
+               "ncclSend outputs");
+    nccl_check(ncclRecv(at<uint16_t>(workspace, L.out_back) + q * seg_x, seg_x, ncclBfloat16, q, comm, stream),
+               "ncclRecv outputs");
+  }
+  nccl_check(ncclGroupEnd(), "ncclGroupEnd");
+
+  CombineRowsParams cp;
+  cp.y_bf16 = at<const uint16_t>(workspace, L.out_back);
+  cp.route_row = sp.slot_row;
+  cp.tokens = T;
+  cp.topk = k;
+  cp.cols = H;
+  cp.out_bf16 = static_cast<uint16_t*>(output);
+  if (T > 0) launch_combine_rows(cp, stream, false);
+  if (p.options.debug_checks) {
+    const EpStatus st = read_status(p, workspace, stream);
+    if (st.dropped_routes || st.nan_tokens || st.overflow_routes)
+      throw Error("run_ep: " + std::to_string(st.dropped_routes) + " routes with ids outside [0, " + std::to_string(E) +
+                  "), " + std::to_string(st.nan_tokens) + " tokens with NaN logits, " +
+                  std::to_string(st.overflow_routes) + " routes beyond rows_per_peer");
+  }
+}
+
+EpStatus read_status(const EpPlan& p, const void* workspace, cudaStream_t stream) {
+  LayerStatus ls;
+  uint32_t over = 0;
+  const auto* ws = static_cast<const uint8_t*>(workspace);
+  LOOM_CUDA_CHECK(cudaMemcpyAsync(&ls, ws + p.layout.status, sizeof ls, cudaMemcpyDeviceToHost, stream));
+  LOOM_CUDA_CHECK(cudaMemcpyAsync(&over, ws + p.layout.overflow, sizeof over, cudaMemcpyDeviceToHost, stream));
+  LOOM_CUDA_CHECK(cudaStreamSynchronize(stream));
+  EpStatus st;
+  st.nan_tokens = ls.nan_tokens;
+  st.dropped_routes = ls.dropped_routes;
+  st.overflow_routes = over;
+  return st;
+}
+
+}  // namespace loom

@@ -1,0 +1,329 @@
+// Expert parallelism on the GPU (issue 49), against the one-GPU layer:
+//   - a communicator of one rank runs the whole path (its routes go to itself through NCCL) and
+//     equals the one-GPU layer bit for bit in BF16 (the same GEMM kernels; deterministic), from
+//     logits and from ids, from a graph replay too; FP8 within the layer's tolerance (the local
+//     plan's batch may choose other GEMM configs);
+//   - a cap below the routes counts the ones it could not send;
+//   - with two GPUs or more, P ranks (a thread each) equal the one-GPU layer on all their tokens,
+//     bit for bit, one rank with no tokens.
+// NCCL_NVLS_ENABLE=0 (NVLink multicast off) before any communicator.
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "bench/device_buffer.hpp"
+#include "common/bf16.hpp"
+#include "gpu_test.hpp"
+#include "loom/dist.hpp"
+#include "loom/loom.hpp"
+#include "pipeline/layer_ref.hpp"
+#include "test_seed.hpp"
+#include "workload/workload.hpp"
+
+namespace loom {
+namespace {
+
+using bench::DeviceBuffer;
+
+void nccl_ok(ncclResult_t r) { ASSERT_EQ(r, ncclSuccess) << ncclGetErrorString(r); }
+
+struct Layer {
+  Shape shape;
+  LayerWeights w;
+  std::vector<bf16> hidden;
+  Routes routes;
+};
+
+Layer make_layer(int64_t T, DType dtype, const char* dist, uint64_t seed) {
+  Layer l;
+  l.shape = Shape{T, 1024, 512, 16, 4, Mode::ffn, dtype};
+  l.w = make_weights(l.shape, seed, WeightValues::normal);
+  l.routes = make_routes(l.shape, Routing{}, parse_distribution(dist), seed + 1);
+  l.hidden = make_hidden(l.shape, seed + 2);
+  return l;
+}
+
+struct DeviceWeights {
+  DeviceBuffer w1, s1, w2, s2;
+  Weights view() const {
+    Weights v;
+    v.w1 = w1.get();
+    v.w1_scales = s1.as<float>();
+    v.w2 = w2.get();
+    v.w2_scales = s2.as<float>();
+    return v;
+  }
+};
+
+DeviceWeights upload(const LayerWeights& w) {
+  DeviceWeights d;
+  if (w.shape.dtype == DType::fp8) {
+    d.w1 = DeviceBuffer::from(w.w1_q);
+    d.s1 = DeviceBuffer::from(w.w1_scales);
+    d.w2 = DeviceBuffer::from(w.w2_q);
+    d.s2 = DeviceBuffer::from(w.w2_scales);
+  } else {
+    d.w1 = DeviceBuffer::from(w.w1);
+    d.w2 = DeviceBuffer::from(w.w2);
+  }
+  return d;
+}
+
+std::vector<uint16_t> to_bits(const DeviceBuffer& out, int64_t n) {
+  std::vector<uint16_t> b = out.to_host<uint16_t>();
+  b.resize(size_t(n));
+  return b;
+}
+
+// The one-GPU layer, deterministic.
+std::vector<uint16_t> one_gpu(const Layer& l, const DeviceWeights& dw, bool from_logits) {
+  Options o;
+  o.deterministic = true;
+  const Plan p = plan(l.shape, Routing{}, o);
+  DeviceBuffer ws(workspace_bytes(p)), out(size_t(l.shape.tokens * l.shape.hidden) * 2);
+  DeviceBuffer dh = DeviceBuffer::from(l.hidden), dl, di, dwt;
+  Inputs in;
+  in.tokens = l.shape.tokens;
+  in.hidden = dh.get();
+  if (from_logits) {
+    dl = DeviceBuffer::from(l.routes.logits);
+    in.router_logits = dl.as<float>();
+  } else {
+    di = DeviceBuffer::from(l.routes.topk.ids);
+    dwt = DeviceBuffer::from(l.routes.topk.weights);
+    in.topk_ids = di.as<int32_t>();
+    in.topk_weights = dwt.as<float>();
+  }
+  test::Stream stream;
+  run(p, dw.view(), in, out.get(), ws.get(), stream.get());
+  LOOM_CUDA_CHECK(cudaStreamSynchronize(stream.get()));
+  return to_bits(out, l.shape.tokens * l.shape.hidden);
+}
+
+ncclComm_t one_rank_comm() {
+  setenv("NCCL_NVLS_ENABLE", "0", 1);
+  ncclUniqueId id;
+  ncclComm_t comm = nullptr;
+  if (ncclGetUniqueId(&id) != ncclSuccess || ncclCommInitRank(&comm, 1, id, 0) != ncclSuccess) return nullptr;
+  return comm;
+}
+
+TEST(EpLayerGpu, OneRankEqualsTheLayer) {
+  LOOM_REQUIRE_GPU();
+  LOOM_FRESH_SEED();
+  ncclComm_t comm = one_rank_comm();
+  ASSERT_NE(comm, nullptr) << "a one-rank NCCL communicator";
+  for (const DType dt : {DType::bf16, DType::fp8}) {
+    for (const bool from_logits : {true, false}) {
+      SCOPED_TRACE(std::string(to_string(dt)) + (from_logits ? " logits" : " ids"));
+      const Layer l = make_layer(40, dt, "random", seed);
+      const DeviceWeights dw = upload(l.w);
+      const std::vector<uint16_t> want = one_gpu(l, dw, from_logits);
+      ExpertParallel ep;  // one rank: every expert local, the weights as they are
+      const EpPlan p = plan_ep(l.shape, Routing{}, Options{}, ep);
+      EXPECT_EQ(p.local_experts.size(), 16u);
+      DeviceBuffer ws(workspace_bytes(p)), out(size_t(l.shape.tokens * l.shape.hidden) * 2);
+      test::fill(ws.get(), 0xff, ws.bytes());  // a run depends on no workspace contents
+      test::fill(out.get(), 0xff, out.bytes());
+      DeviceBuffer dh = DeviceBuffer::from(l.hidden), dl, di, dwt;
+      Inputs in;
+      in.tokens = l.shape.tokens;
+      in.hidden = dh.get();
+      if (from_logits) {
+        dl = DeviceBuffer::from(l.routes.logits);
+        in.router_logits = dl.as<float>();
+      } else {
+        di = DeviceBuffer::from(l.routes.topk.ids);
+        dwt = DeviceBuffer::from(l.routes.topk.weights);
+        in.topk_ids = di.as<int32_t>();
+        in.topk_weights = dwt.as<float>();
+      }
+      test::Stream stream;
+      run_ep(p, dw.view(), in, out.get(), ws.get(), comm, stream.get());
+      LOOM_CUDA_CHECK(cudaStreamSynchronize(stream.get()));
+      const std::vector<uint16_t> got = to_bits(out, l.shape.tokens * l.shape.hidden);
+      const EpStatus st = read_status(p, ws.get(), stream.get());
+      EXPECT_EQ(st.overflow_routes, 0u);
+      EXPECT_EQ(st.dropped_routes, 0u);
+      if (dt == DType::bf16) {
+        EXPECT_TRUE(got == want) << "differs from the one-GPU layer";
+      } else {
+        std::vector<float> g(got.size());
+        std::vector<double> r(want.size());
+        for (size_t i = 0; i < got.size(); ++i) {
+          g[i] = bf16_to_float(bf16{got[i]});
+          r[i] = double(bf16_to_float(bf16{want[i]}));
+        }
+        const ErrorStats e = relative_error(g.data(), r.data(), l.shape.tokens, l.shape.hidden);
+        EXPECT_LE(e.overall, 2e-3);
+        EXPECT_LE(e.worst_row, 1e-2) << "worst token row " << e.worst_row_index;
+      }
+      // A graph replay of the run gives the same bits.
+      cudaGraph_t graph = nullptr;
+      cudaGraphExec_t exec = nullptr;
+      test::fill(out.get(), 0xff, out.bytes());
+      LOOM_CUDA_CHECK(cudaStreamBeginCapture(stream.get(), cudaStreamCaptureModeThreadLocal));
+      run_ep(p, dw.view(), in, out.get(), ws.get(), comm, stream.get());
+      LOOM_CUDA_CHECK(cudaStreamEndCapture(stream.get(), &graph));
+      LOOM_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
+      LOOM_CUDA_CHECK(cudaGraphLaunch(exec, stream.get()));
+      LOOM_CUDA_CHECK(cudaStreamSynchronize(stream.get()));
+      EXPECT_TRUE(to_bits(out, l.shape.tokens * l.shape.hidden) == got) << "the graph replay differs";
+      LOOM_CUDA_CHECK(cudaGraphExecDestroy(exec));
+      LOOM_CUDA_CHECK(cudaGraphDestroy(graph));
+    }
+  }
+  ncclCommDestroy(comm);
+}
+
+TEST(EpLayerGpu, ACapBelowTheRoutesCountsWhatItCouldNotSend) {
+  LOOM_REQUIRE_GPU();
+  LOOM_FRESH_SEED();
+  ncclComm_t comm = one_rank_comm();
+  ASSERT_NE(comm, nullptr);
+  const Layer l = make_layer(40, DType::bf16, "random", seed);
+  const DeviceWeights dw = upload(l.w);
+  ExpertParallel ep;
+  ep.rows_per_peer = 64;  // of 160 routes
+  const EpPlan p = plan_ep(l.shape, Routing{}, Options{}, ep);
+  DeviceBuffer ws(workspace_bytes(p)), out(size_t(l.shape.tokens * l.shape.hidden) * 2);
+  DeviceBuffer dh = DeviceBuffer::from(l.hidden), dl = DeviceBuffer::from(l.routes.logits);
+  Inputs in;
+  in.tokens = l.shape.tokens;
+  in.hidden = dh.get();
+  in.router_logits = dl.as<float>();
+  test::Stream stream;
+  run_ep(p, dw.view(), in, out.get(), ws.get(), comm, stream.get());
+  EXPECT_EQ(read_status(p, ws.get(), stream.get()).overflow_routes, 160u - 64u);
+  Options checked;
+  checked.debug_checks = true;
+  const EpPlan pc = plan_ep(l.shape, Routing{}, checked, ep);
+  EXPECT_THROW(run_ep(pc, dw.view(), in, out.get(), ws.get(), comm, stream.get()), Error);
+  ncclCommDestroy(comm);
+}
+
+TEST(EpLayerGpu, RejectsBadPlansAndCommunicators) {
+  LOOM_REQUIRE_GPU();
+  const Shape s{16, 1024, 512, 16, 4, Mode::ffn, DType::bf16};
+  ExpertParallel ep;
+  ep.size = 2;
+  ep.rank = 2;
+  EXPECT_THROW(plan_ep(s, Routing{}, Options{}, ep), Error);
+  Shape single = s;
+  single.mode = Mode::single;
+  EXPECT_THROW(plan_ep(single, Routing{}, Options{}, ExpertParallel{}), Error);
+  ep.rank = 1;
+  const EpPlan p = plan_ep(s, Routing{}, Options{}, ep);  // rank 1 of 2 ...
+  ncclComm_t comm = one_rank_comm();                       // ... against a communicator of one
+  ASSERT_NE(comm, nullptr);
+  DeviceBuffer ws(workspace_bytes(p));
+  Inputs in;
+  EXPECT_THROW(run_ep(p, Weights{}, in, nullptr, ws.get(), comm, nullptr), Error);
+  ncclCommDestroy(comm);
+}
+
+// P ranks on P GPUs, a thread each; rank 1 has no tokens when P > 2.
+TEST(EpLayerGpu, RanksEqualTheLayerOnAllTheirTokens) {
+  LOOM_REQUIRE_GPU();
+  int gpus = 0;
+  LOOM_CUDA_CHECK(cudaGetDeviceCount(&gpus));
+  if (gpus < 2) GTEST_SKIP() << "needs two GPUs or more (this machine has " << gpus << ")";
+  LOOM_FRESH_SEED();
+  setenv("NCCL_NVLS_ENABLE", "0", 1);
+  const int P = std::min(gpus, 8);
+  for (const char* dist : {"random", "hot:1"}) {
+    SCOPED_TRACE(std::string("P=") + std::to_string(P) + " " + dist);
+    std::vector<int64_t> tokens(static_cast<size_t>(P));
+    for (int r = 0; r < P; ++r) tokens[size_t(r)] = r == 1 && P > 2 ? 0 : 24 + 8 * r;
+    std::vector<Layer> layers;
+    Layer all = make_layer(1, DType::bf16, dist, seed);  // the weights; its tokens replaced below
+    all.hidden.clear();
+    all.routes.topk = TopK{};
+    all.routes.topk.topk = all.shape.topk;
+    for (int r = 0; r < P; ++r) {
+      Layer l = make_layer(std::max<int64_t>(tokens[size_t(r)], 1), DType::bf16, dist, seed + 100 * uint64_t(r + 1));
+      l.shape.tokens = tokens[size_t(r)];
+      l.hidden.resize(size_t(l.shape.tokens * l.shape.hidden));
+      l.routes.topk.tokens = l.shape.tokens;
+      l.routes.topk.ids.resize(size_t(l.shape.tokens * l.shape.topk));
+      l.routes.topk.weights.resize(l.routes.topk.ids.size());
+      all.hidden.insert(all.hidden.end(), l.hidden.begin(), l.hidden.end());
+      all.routes.topk.ids.insert(all.routes.topk.ids.end(), l.routes.topk.ids.begin(), l.routes.topk.ids.end());
+      all.routes.topk.weights.insert(all.routes.topk.weights.end(), l.routes.topk.weights.begin(),
+                                     l.routes.topk.weights.end());
+      all.routes.topk.tokens += l.shape.tokens;
+      layers.push_back(std::move(l));
+    }
+    all.shape.tokens = all.routes.topk.tokens;
+    LOOM_CUDA_CHECK(cudaSetDevice(0));
+    const std::vector<uint16_t> want = one_gpu(all, upload(all.w), false);
+
+    ncclUniqueId id;
+    nccl_ok(ncclGetUniqueId(&id));
+    std::vector<std::vector<uint16_t>> got(static_cast<size_t>(P));
+    std::vector<std::string> errors(static_cast<size_t>(P));
+    std::vector<std::thread> threads;
+    for (int r = 0; r < P; ++r)
+      threads.emplace_back([&, r] {
+        try {
+          LOOM_CUDA_CHECK(cudaSetDevice(r));
+          ncclComm_t comm = nullptr;
+          if (ncclCommInitRank(&comm, P, id, r) != ncclSuccess) throw Error("ncclCommInitRank");
+          ExpertParallel ep;
+          ep.size = P;
+          ep.rank = r;
+          Shape s = all.shape;
+          s.tokens = 128;  // at least the most any rank carries (24 + 8 r tokens)
+          const EpPlan p = plan_ep(s, Routing{}, Options{}, ep);
+          // This rank's experts' weights, in local order.
+          const int64_t per1 = int64_t(all.w.w1.size()) / all.w.shape.experts,
+                        per2 = int64_t(all.w.w2.size()) / all.w.shape.experts;
+          std::vector<bf16> w1, w2;
+          for (const int32_t e : p.local_experts) {
+            w1.insert(w1.end(), all.w.w1.begin() + e * per1, all.w.w1.begin() + (e + 1) * per1);
+            w2.insert(w2.end(), all.w.w2.begin() + e * per2, all.w.w2.begin() + (e + 1) * per2);
+          }
+          DeviceBuffer dw1 = DeviceBuffer::from(w1), dw2 = DeviceBuffer::from(w2);
+          Weights wv;
+          wv.w1 = dw1.get();
+          wv.w2 = dw2.get();
+          const Layer& l = layers[size_t(r)];
+          DeviceBuffer ws(workspace_bytes(p)), out(size_t(std::max<int64_t>(1, l.shape.tokens * l.shape.hidden)) * 2);
+          DeviceBuffer dh = DeviceBuffer::from(l.hidden), di = DeviceBuffer::from(l.routes.topk.ids),
+                       dwt = DeviceBuffer::from(l.routes.topk.weights);
+          Inputs in;
+          in.tokens = l.shape.tokens;
+          in.hidden = dh.get();
+          in.topk_ids = di.as<int32_t>();
+          in.topk_weights = dwt.as<float>();
+          cudaStream_t stream = nullptr;
+          LOOM_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+          run_ep(p, wv, in, out.get(), ws.get(), comm, stream);
+          LOOM_CUDA_CHECK(cudaStreamSynchronize(stream));
+          const EpStatus st = read_status(p, ws.get(), stream);
+          if (st.overflow_routes) throw Error("overflow " + std::to_string(st.overflow_routes));
+          got[size_t(r)] = to_bits(out, l.shape.tokens * l.shape.hidden);
+          LOOM_CUDA_CHECK(cudaStreamDestroy(stream));
+          ncclCommDestroy(comm);
+        } catch (const std::exception& e) {
+          errors[size_t(r)] = e.what();
+        }
+      });
+    for (auto& t : threads) t.join();
+    LOOM_CUDA_CHECK(cudaSetDevice(0));
+    int64_t row0 = 0;
+    for (int r = 0; r < P; ++r) {
+      ASSERT_TRUE(errors[size_t(r)].empty()) << "rank " << r << ": " << errors[size_t(r)];
+      const int64_t n = tokens[size_t(r)] * all.shape.hidden;
+      const std::vector<uint16_t> slice(want.begin() + row0, want.begin() + row0 + n);
+      EXPECT_TRUE(got[size_t(r)] == slice) << "rank " << r << " differs from the one-GPU layer";
+      row0 += n;
+    }
+  }
+}
+
+}  // namespace
+}  // namespace loom
