@@ -63,6 +63,9 @@ struct EpPlan {
 
 // Throws loom::Error for an invalid shape, routing or placement (docs/api.md: expert parallelism).
 EpPlan plan_ep(const Shape& max_shape, const Routing& routing, const Options& options, const ExpertParallel& ep);
+// For a described device (device_spec("h200")), without one present: what a rank would run.
+EpPlan plan_ep(const Shape& max_shape, const Routing& routing, const Options& options, const ExpertParallel& ep,
+               const DeviceSpec& device);
 size_t workspace_bytes(const EpPlan& p);
 std::string describe(const EpPlan& p);
 

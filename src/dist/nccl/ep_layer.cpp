@@ -45,6 +45,11 @@ dist::EpTables tables(const EpPlan& p) {
 }  // namespace
 
 EpPlan plan_ep(const Shape& max_shape, const Routing& routing, const Options& options, const ExpertParallel& ep) {
+  return plan_ep(max_shape, routing, options, ep, current_device());
+}
+
+EpPlan plan_ep(const Shape& max_shape, const Routing& routing, const Options& options, const ExpertParallel& ep,
+               const DeviceSpec& device) {
   validate(max_shape);
   validate(routing, max_shape);
   const Shape& s = max_shape;
@@ -87,7 +92,7 @@ EpPlan plan_ep(const Shape& max_shape, const Routing& routing, const Options& op
   Options lo = options;
   lo.deterministic = true;
   lo.debug_checks = false;  // padding rows are dropped routes by design
-  p.local = plan(ls, Routing{}, lo);
+  p.local = plan(ls, Routing{}, lo, device);
 
   const int64_t R = s.tokens * s.topk, P = ep.size, rows = P * p.rows_per_peer, H = s.hidden;
   size_t cur = 0;

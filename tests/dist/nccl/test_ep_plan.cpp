@@ -1,0 +1,74 @@
+// Expert parallelism's plan without a GPU (a described H200): the placement and the cap it
+// records, the local plan over P x rows_per_peer rows of one route each, a workspace that holds
+// every part, and the configurations it rejects.
+#include <gtest/gtest.h>
+
+#include <string>
+
+#include "loom/dist.hpp"
+
+namespace loom {
+namespace {
+
+const Shape kShape{256, 2048, 512, 64, 8, Mode::ffn, DType::fp8};
+
+TEST(EpPlan, PlacementCapAndLocalPlan) {
+  ExpertParallel ep;
+  ep.size = 4;
+  ep.rank = 3;
+  const EpPlan p = plan_ep(kShape, Routing{}, Options{}, ep, device_spec("h200"));
+  EXPECT_EQ(p.local_experts.size(), 16u);
+  EXPECT_EQ(p.local_experts.front(), 48);
+  EXPECT_EQ(p.rows_per_peer, 1024);  // ceil(2 x 256 x 8 / 4)
+  EXPECT_EQ(p.local.shape.tokens, 4 * 1024);
+  EXPECT_EQ(p.local.shape.experts, 16);
+  EXPECT_EQ(p.local.shape.topk, 1);
+  EXPECT_TRUE(p.local.options.deterministic);
+  // Every part inside the workspace, the local plan's last.
+  EXPECT_GE(workspace_bytes(p), p.layout.local + workspace_bytes(p.local));
+  EXPECT_GE(p.layout.recv_x - p.layout.send_x, size_t(4 * 1024 * 2048 * 2));
+  EXPECT_NE(describe(p).find("rank 3 of 4: experts 48..63 of 64"), std::string::npos) << describe(p);
+}
+
+TEST(EpPlan, MapAndCap) {
+  ExpertParallel ep;
+  ep.size = 2;
+  ep.rank = 0;
+  ep.expert_rank.assign(64, 1);
+  ep.expert_rank[5] = ep.expert_rank[9] = 0;
+  ep.rows_per_peer = 100;
+  const EpPlan p = plan_ep(kShape, Routing{}, Options{}, ep, device_spec("h200"));
+  EXPECT_EQ(p.local_experts, (std::vector<int32_t>{5, 9}));
+  EXPECT_EQ(p.local_index[9], 1);
+  EXPECT_EQ(p.owner[10], 1);
+  EXPECT_EQ(p.rows_per_peer, 100);
+  EXPECT_EQ(p.local.shape.tokens, 200);
+}
+
+TEST(EpPlan, RejectsWhatItCannotRun) {
+  const DeviceSpec h200 = device_spec("h200");
+  ExpertParallel ep;
+  ep.size = 2;
+  ep.rank = 2;
+  EXPECT_THROW(plan_ep(kShape, Routing{}, Options{}, ep, h200), Error);
+  ep.rank = 0;
+  ep.first_expert = 32;  // rank 1's block
+  ep.expert_count = 32;
+  EXPECT_THROW(plan_ep(kShape, Routing{}, Options{}, ep, h200), Error);
+  ep.first_expert = ep.expert_count = -1;
+  ep.rows_per_peer = 256 * 8 + 1;  // above T k
+  EXPECT_THROW(plan_ep(kShape, Routing{}, Options{}, ep, h200), Error);
+  ep.rows_per_peer = 0;
+  Shape single = kShape;
+  single.mode = Mode::single;
+  EXPECT_THROW(plan_ep(single, Routing{}, Options{}, ep, h200), Error);
+  Shape many = kShape;
+  many.experts = 1024;  // beyond the GPU path's 512
+  EXPECT_THROW(plan_ep(many, Routing{}, Options{}, ep, h200), Error);
+  Shape none = kShape;
+  none.tokens = 0;
+  EXPECT_THROW(plan_ep(none, Routing{}, Options{}, ep, h200), Error);
+}
+
+}  // namespace
+}  // namespace loom
