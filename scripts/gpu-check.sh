@@ -21,6 +21,8 @@ build=${BUILD_DIR:-build}
 out=${OUT:-out}
 mkdir -p "$out/logs"
 export LD_LIBRARY_PATH=/usr/local/cuda/lib64:/usr/local/cuda/targets/x86_64-linux/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+# NVLink multicast off in every NCCL communicator the tests create (expert parallelism's).
+export NCCL_NVLS_ENABLE=0
 loom=$build/tools/loom
 lab=$build/lab/loom-lab
 test_bins=("$build/tests/loom_tests")
