@@ -57,3 +57,9 @@ loom_cli_test(bench_default 0 OUT "qwen35-single" JSON ${LOOM_CLI_DATA}/bench.js
               ARGS bench --preset qwen35-single --json ${LOOM_CLI_DATA}/bench.json)
 loom_cli_test(bench_sweep_json 0 OUT "loom bench" JSON ${LOOM_CLI_DATA}/sweep.json
               ARGS bench ${small} --tokens 0,1,3,4 --dist balanced --json ${LOOM_CLI_DATA}/sweep.json --csv ${LOOM_CLI_DATA}/sweep.csv)
+# Expert parallelism's launcher: what it refuses before starting any rank.
+if(TARGET loom_dist)
+  loom_cli_test(ep_single_mode nonzero ERR "--ep runs the ffn layer" ARGS bench --ep 2 --preset qwen35-single)
+  loom_cli_test(ep_zero nonzero ERR "--ep must be >= 1" ARGS bench --ep 0 --preset qwen35-layer)
+  loom_cli_test(ep_json nonzero ERR "--ep prints its table only" ARGS bench --ep 1 --preset qwen35-layer --json x.json)
+endif()

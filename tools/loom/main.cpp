@@ -8,6 +8,9 @@
 
 #include "args.hpp"
 #include "bench/bench.hpp"
+#ifdef LOOM_HAVE_DIST
+#include "bench/dist/ep_bench.hpp"
+#endif
 #include "bench/peaks.hpp"
 #include "common/build_info.hpp"
 #include "diag/chain_trace.cuh"
@@ -59,6 +62,10 @@ bench options:
   --no-check             skip the comparison of the GPU output with the CPU reference
   --trace-chain N        after timing, N cold graph replays whose kernels stamp the time of each
                          traced point; prints the medians (a -DLOOM_CHAIN_TRACE=ON build only)
+  --ep N                 expert parallelism over N GPUs, one process a rank (a build with NCCL):
+                         the ffn layer with each rank's own T tokens, its e2e, its local experts
+                         alone and the exchange (the difference); --rows-per-peer R sets the cap
+                         (--ep-rank, --ep-id, --ep-out: what the ranks are started with)
 )";
 
 const std::set<std::string> kWorkloadFlags = {"preset", "tokens",  "hidden",     "inter",      "experts",
@@ -125,7 +132,7 @@ std::vector<std::string> rest(int argc, char** argv) { return std::vector<std::s
 int cmd_bench(int argc, char** argv) {
   std::set<std::string> valued = kWorkloadFlags;
   valued.insert({"reps", "warmup", "json", "csv", "max-copies", "max-cpu-gflop", "trace-chain", "gemm-config",
-                 "gemm2-config", "weights"});
+                 "gemm2-config", "weights", "ep", "rows-per-peer", "ep-rank", "ep-id", "ep-out"});
   const Args a(rest(argc, argv), valued,
                {"no-renorm", "sweep", "no-sol", "deterministic", "no-pdl", "eager", "no-check", "no-fuse", "no-bins",
                 "dist-logits"});
@@ -161,6 +168,26 @@ int cmd_bench(int argc, char** argv) {
   if (opt.trace_chain < 0) throw Error("--trace-chain must be >= 0");
   if (opt.trace_chain > 0 && !loom::trace::enabled())
     throw Error("--trace-chain needs a build configured with -DLOOM_CHAIN_TRACE=ON");
+  if (a.has("ep") || a.has("ep-rank")) {
+#ifdef LOOM_HAVE_DIST
+    loom::bench::EpBenchOptions ep;
+    ep.base = opt;
+    ep.ranks = int(a.integer("ep", 1));
+    ep.rows_per_peer = a.integer("rows-per-peer", 0);
+    if (ep.ranks < 1) throw Error("--ep must be >= 1");
+    if (opt.shape.mode != loom::Mode::ffn) throw Error("--ep runs the ffn layer (--mode ffn or an ffn preset)");
+    if (a.has("json") || a.has("csv") || opt.trace_chain) throw Error("--ep prints its table only (no --json, --csv, --trace-chain)");
+    if (a.has("ep-rank")) {
+      loom::bench::run_ep_bench_rank(ep, int(a.integer("ep-rank", 0)), a.str("ep-id", ""), a.str("ep-out", ""), std::cerr);
+      return 0;
+    }
+    const std::vector<std::string> args(argv + 2, argv + argc);
+    std::cout << loom::bench::run_ep_bench(ep, "/proc/self/exe", args, std::cerr) << std::flush;
+    return 0;
+#else
+    throw Error("--ep needs a build with NCCL (libloom_dist)");
+#endif
+  }
   const auto records = loom::bench::run_bench(opt, std::cerr);
   if (a.has("json")) loom::bench::write_file(a.str("json", ""), loom::bench::to_json(records));
   if (a.has("csv")) loom::bench::write_file(a.str("csv", ""), loom::bench::to_csv(records));

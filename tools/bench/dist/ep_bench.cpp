@@ -1,0 +1,251 @@
+#include "bench/dist/ep_bench.hpp"
+
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <iomanip>
+#include <ostream>
+#include <sstream>
+
+#include "bench/device_buffer.hpp"
+#include "bench/timer.hpp"
+#include "common/bf16.hpp"
+#include "common/cuda_check.hpp"
+#include "common/device_info.hpp"
+#include "dist/ep_routes_ref.hpp"
+#include "loom/dist.hpp"
+#include "pipeline/layer_ref.hpp"
+
+namespace loom::bench {
+namespace {
+
+void nccl_check(ncclResult_t r, const char* what) {
+  if (r != ncclSuccess) throw Error(std::string("loom bench --ep: ") + what + ": " + ncclGetErrorString(r));
+}
+
+// One rank's row of the table.
+struct RankRow {
+  int rank = 0;
+  int64_t tokens = 0;
+  Stats e2e, local;
+  double rel_err = -1;  // < 0: not checked
+  double flops = 0;     // this rank's tokens: 6 T k H I
+  uint32_t overflow = 0;
+};
+
+std::string to_line(const RankRow& r) {
+  std::ostringstream s;
+  s << std::setprecision(9) << r.rank << ' ' << r.tokens << ' ' << r.e2e.median_us << ' ' << r.e2e.p10_us << ' '
+    << r.e2e.p90_us << ' ' << r.local.median_us << ' ' << r.rel_err << ' ' << r.flops << ' ' << r.overflow;
+  return s.str();
+}
+
+std::string sci(double v) {
+  if (v < 0) return "-";
+  char b[32];
+  std::snprintf(b, sizeof b, "%.1e", v);
+  return b;
+}
+
+RankRow from_line(const std::string& line) {
+  std::istringstream s(line);
+  RankRow r;
+  if (!(s >> r.rank >> r.tokens >> r.e2e.median_us >> r.e2e.p10_us >> r.e2e.p90_us >> r.local.median_us >>
+        r.rel_err >> r.flops >> r.overflow))
+    throw Error("loom bench --ep: a rank wrote an unreadable line: " + line);
+  return r;
+}
+
+}  // namespace
+
+void run_ep_bench_rank(const EpBenchOptions& opt, int rank, const std::string& id_file, const std::string& out_file,
+                       std::ostream& log) {
+  setenv("NCCL_NVLS_ENABLE", "0", 1);  // NVLink multicast off (the device machines' rule)
+  LOOM_CUDA_CHECK(cudaSetDevice(rank));
+  ncclUniqueId id;
+  {
+    std::ifstream f(id_file, std::ios::binary);
+    if (!f.read(reinterpret_cast<char*>(&id), sizeof id)) throw Error("loom bench --ep: cannot read " + id_file);
+  }
+  ncclComm_t comm = nullptr;
+  nccl_check(ncclCommInitRank(&comm, opt.ranks, id, rank), "ncclCommInitRank");
+  std::string why;
+  const auto dev = query_device(&why);
+  if (!dev) throw Error("loom bench --ep: rank " + std::to_string(rank) + ": " + why);
+  GpuTimer timer(*dev);
+
+  const BenchOptions& b = opt.base;
+  const LayerWeights all = make_weights(b.shape, b.seed, b.weight_values);  // every rank: the same weights
+  ExpertParallel ep;
+  ep.size = opt.ranks;
+  ep.rank = rank;
+  ep.rows_per_peer = opt.rows_per_peer;
+  Shape most = b.shape;
+  most.tokens = *std::max_element(b.tokens.begin(), b.tokens.end());
+  const EpPlan p = plan_ep(most, b.routing, b.layer, ep);
+  const LayerWeights mine = dist::slice_experts(all, p.local_experts);
+  const bool fp8 = b.shape.dtype == DType::fp8;
+  DeviceBuffer w1 = fp8 ? DeviceBuffer::from(mine.w1_q) : DeviceBuffer::from(mine.w1);
+  DeviceBuffer w2 = fp8 ? DeviceBuffer::from(mine.w2_q) : DeviceBuffer::from(mine.w2);
+  DeviceBuffer s1, s2;
+  if (fp8) {
+    s1 = DeviceBuffer::from(mine.w1_scales);
+    s2 = DeviceBuffer::from(mine.w2_scales);
+  }
+  Weights lw;
+  lw.w1 = w1.get();
+  lw.w1_scales = s1.as<float>();
+  lw.w2 = w2.get();
+  lw.w2_scales = s2.as<float>();
+  DeviceBuffer ws(workspace_bytes(p));
+  log << "rank " << rank << ": " << describe(p).substr(0, describe(p).find('\n')) << "\n";
+
+  std::ofstream out(out_file);
+  for (const int64_t t : b.tokens) {
+    Shape s = b.shape;
+    s.tokens = t;
+    RankRow row;
+    row.rank = rank;
+    row.tokens = t;
+    row.flops = 6.0 * double(t) * double(s.topk) * double(s.hidden) * double(s.inter);
+    const uint64_t seed = b.seed * 1000003ull + uint64_t(t) + 7919ull * uint64_t(rank + 1);  // each rank its own tokens
+    const Routes routes = make_routes(s, b.routing, b.dist, seed);
+    const std::vector<bf16> hidden = make_hidden(s, seed);
+    DeviceBuffer dh = DeviceBuffer::from(hidden), dl, db, di, dw;
+    DeviceBuffer dout(size_t(std::max<int64_t>(1, t * s.hidden)) * 2);
+    Inputs in;
+    in.tokens = t;
+    in.hidden = dh.get();
+    if (!routes.logits.empty()) {
+      dl = DeviceBuffer::from(routes.logits);
+      in.router_logits = dl.as<float>();
+      if (!routes.expert_bias.empty()) {
+        db = DeviceBuffer::from(routes.expert_bias);
+        in.expert_bias = db.as<float>();
+      }
+    } else {
+      di = DeviceBuffer::from(routes.topk.ids);
+      dw = DeviceBuffer::from(routes.topk.weights);
+      in.topk_ids = di.as<int32_t>();
+      in.topk_weights = dw.as<float>();
+    }
+    LOOM_CUDA_CHECK(cudaMemsetAsync(dout.get(), 0xff, dout.bytes(), timer.stream()));
+    run_ep(p, lw, in, dout.get(), ws.get(), comm, timer.stream());
+    LOOM_CUDA_CHECK(cudaStreamSynchronize(timer.stream()));
+    row.overflow = read_status(p, ws.get(), timer.stream()).overflow_routes;
+    if (b.check && t > 0 && row.flops / 1e9 <= b.max_cpu_gflop) {
+      // The one-GPU reference of these tokens (route rows rounded to bf16: the deterministic rule).
+      const LayerResult ref = layer_ref(all, hidden.data(), routes.topk, nullptr, true);
+      const std::vector<uint16_t> bits = dout.to_host<uint16_t>();
+      std::vector<float> got(size_t(t * s.hidden));
+      for (size_t i = 0; i < got.size(); ++i) got[i] = bf16_to_float(bf16{bits[i]});
+      row.rel_err = relative_error(got.data(), ref.out.data(), t, s.hidden).overall;
+    }
+    // Every rank replays as often as the others (the NCCL calls in the graphs pair up).
+    row.e2e = timer.time([&](cudaStream_t st, int) { run_ep(p, lw, in, dout.get(), ws.get(), comm, st); }, 1,
+                         L2Mode::flush, b.timer);
+    // The local experts alone, on the rows the last run received (the local plan's own workspace).
+    const EpPlan::Layout& L = p.layout;
+    auto* base = static_cast<uint8_t*>(ws.get());
+    Inputs li;
+    li.tokens = p.local.shape.tokens;
+    li.hidden = base + L.recv_x;
+    li.topk_ids = reinterpret_cast<const int32_t*>(base + L.recv_ids);
+    li.topk_weights = reinterpret_cast<const float*>(base + L.recv_w);
+    row.local = timer.time([&](cudaStream_t st, int) { run(p.local, lw, li, base + L.out_local, base + L.local, st); },
+                           1, L2Mode::flush, b.timer);
+    out << to_line(row) << "\n" << std::flush;
+  }
+  nccl_check(ncclCommDestroy(comm), "ncclCommDestroy");
+}
+
+std::string run_ep_bench(const EpBenchOptions& opt, const std::string& self, const std::vector<std::string>& argv,
+                         std::ostream& log) {
+  std::string why;
+  if (!query_device(&why)) throw Error("loom bench --ep: no usable GPU (" + why + ")");
+  int gpus = 0;
+  LOOM_CUDA_CHECK(cudaGetDeviceCount(&gpus));
+  if (opt.ranks < 1 || opt.ranks > gpus)
+    throw Error("loom bench --ep " + std::to_string(opt.ranks) + ": this machine has " + std::to_string(gpus) +
+                " GPU(s); one rank a GPU");
+  char dir_template[] = "/tmp/loom-ep-XXXXXX";
+  const char* dir = mkdtemp(dir_template);
+  if (!dir) throw Error("loom bench --ep: cannot make a temporary directory");
+  const std::string id_file = std::string(dir) + "/nccl-id";
+  {
+    ncclUniqueId id;
+    nccl_check(ncclGetUniqueId(&id), "ncclGetUniqueId");
+    std::ofstream f(id_file, std::ios::binary);
+    f.write(reinterpret_cast<const char*>(&id), sizeof id);
+    if (!f) throw Error("loom bench --ep: cannot write " + id_file);
+  }
+  setenv("NCCL_NVLS_ENABLE", "0", 1);
+  std::vector<pid_t> pids;
+  for (int r = 0; r < opt.ranks; ++r) {
+    std::vector<std::string> args{self, "bench"};
+    args.insert(args.end(), argv.begin(), argv.end());
+    for (const std::string& extra : {std::string("--ep-rank"), std::to_string(r), std::string("--ep-id"), id_file,
+                                     std::string("--ep-out"), std::string(dir) + "/rank" + std::to_string(r)})
+      args.push_back(extra);
+    std::vector<char*> cargs;
+    for (std::string& a : args) cargs.push_back(a.data());
+    cargs.push_back(nullptr);
+    const pid_t pid = fork();
+    if (pid < 0) throw Error("loom bench --ep: fork failed");
+    if (pid == 0) {
+      execv(self.c_str(), cargs.data());
+      _exit(127);
+    }
+    pids.push_back(pid);
+  }
+  std::string failed;
+  for (int r = 0; r < opt.ranks; ++r) {
+    int status = 0;
+    waitpid(pids[size_t(r)], &status, 0);
+    if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) failed += " " + std::to_string(r);
+  }
+  if (!failed.empty()) throw Error("loom bench --ep: rank(s)" + failed + " failed (their errors are above)");
+
+  std::vector<RankRow> rows;
+  for (int r = 0; r < opt.ranks; ++r) {
+    std::ifstream f(std::string(dir) + "/rank" + std::to_string(r));
+    for (std::string line; std::getline(f, line);)
+      if (!line.empty()) rows.push_back(from_line(line));
+  }
+  const Shape& s = opt.base.shape;
+  std::ostringstream t;
+  t << "expert parallelism: " << opt.ranks << " rank(s), one GPU and process each; " << describe(s)
+    << " (T per rank); " << describe(opt.base.routing) << ", dist " << to_string(opt.base.dist)
+    << "; graph replays, L2 flushed, median of " << opt.base.timer.reps << " [p10, p90], us\n";
+  t << "exchange = e2e - local (the rank's own experts on the rows it received, timed alone)\n";
+  char line[256];
+  std::snprintf(line, sizeof line, "%8s %5s %26s %10s %10s %9s %9s %9s\n", "T/rank", "rank", "e2e [p10, p90]", "local",
+                "exchange", "overflow", "rel-err", "TFLOP/s");
+  t << line;
+  for (const int64_t tok : opt.base.tokens) {
+    double slowest = 0, flops = 0;
+    for (const RankRow& r : rows) {
+      if (r.tokens != tok) continue;
+      std::ostringstream e2e;
+      e2e << std::fixed << std::setprecision(1) << r.e2e.median_us << " [" << r.e2e.p10_us << ", " << r.e2e.p90_us
+          << "]";
+      std::snprintf(line, sizeof line, "%8lld %5d %26s %10.1f %10.1f %9u %9s %9.1f\n", (long long)tok, r.rank,
+                    e2e.str().c_str(), r.local.median_us, r.e2e.median_us - r.local.median_us, r.overflow,
+                    sci(r.rel_err).c_str(), r.flops / r.e2e.median_us / 1e6);
+      t << line;
+      slowest = std::max(slowest, r.e2e.median_us);
+      flops += r.flops;
+    }
+    std::snprintf(line, sizeof line, "%8lld %5s %26.1f %10s %10s %9s %9s %9.1f\n", (long long)tok, "all", slowest, "",
+                  "", "", "", slowest > 0 ? flops / slowest / 1e6 : 0.0);
+    t << line;
+  }
+  log << "loom bench --ep: rank outputs in " << dir << "\n";
+  return t.str();
+}
+
+}  // namespace loom::bench
