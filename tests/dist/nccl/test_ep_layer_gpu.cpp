@@ -78,27 +78,38 @@ std::vector<uint16_t> to_bits(const DeviceBuffer& out, int64_t n) {
   return b;
 }
 
+// A layer's tokens and routes on the device (logits, or ids with weights), and the Inputs over them.
+struct DeviceInputs {
+  DeviceBuffer hidden, logits, ids, weights;
+  Inputs in;
+};
+
+DeviceInputs upload_inputs(const Layer& l, bool from_logits) {
+  DeviceInputs d;
+  d.hidden = DeviceBuffer::from(l.hidden);
+  d.in.tokens = l.shape.tokens;
+  d.in.hidden = d.hidden.get();
+  if (from_logits) {
+    d.logits = DeviceBuffer::from(l.routes.logits);
+    d.in.router_logits = d.logits.as<float>();
+  } else {
+    d.ids = DeviceBuffer::from(l.routes.topk.ids);
+    d.weights = DeviceBuffer::from(l.routes.topk.weights);
+    d.in.topk_ids = d.ids.as<int32_t>();
+    d.in.topk_weights = d.weights.as<float>();
+  }
+  return d;
+}
+
 // The one-GPU layer, deterministic.
 std::vector<uint16_t> one_gpu(const Layer& l, const DeviceWeights& dw, bool from_logits) {
   Options o;
   o.deterministic = true;
   const Plan p = plan(l.shape, Routing{}, o);
   DeviceBuffer ws(workspace_bytes(p)), out(size_t(l.shape.tokens * l.shape.hidden) * 2);
-  DeviceBuffer dh = DeviceBuffer::from(l.hidden), dl, di, dwt;
-  Inputs in;
-  in.tokens = l.shape.tokens;
-  in.hidden = dh.get();
-  if (from_logits) {
-    dl = DeviceBuffer::from(l.routes.logits);
-    in.router_logits = dl.as<float>();
-  } else {
-    di = DeviceBuffer::from(l.routes.topk.ids);
-    dwt = DeviceBuffer::from(l.routes.topk.weights);
-    in.topk_ids = di.as<int32_t>();
-    in.topk_weights = dwt.as<float>();
-  }
+  const DeviceInputs d = upload_inputs(l, from_logits);
   test::Stream stream;
-  run(p, dw.view(), in, out.get(), ws.get(), stream.get());
+  run(p, dw.view(), d.in, out.get(), ws.get(), stream.get());
   LOOM_CUDA_CHECK(cudaStreamSynchronize(stream.get()));
   return to_bits(out, l.shape.tokens * l.shape.hidden);
 }
@@ -128,19 +139,8 @@ TEST(EpLayerGpu, OneRankEqualsTheLayer) {
       DeviceBuffer ws(workspace_bytes(p)), out(size_t(l.shape.tokens * l.shape.hidden) * 2);
       test::fill(ws.get(), 0xff, ws.bytes());  // a run depends on no workspace contents
       test::fill(out.get(), 0xff, out.bytes());
-      DeviceBuffer dh = DeviceBuffer::from(l.hidden), dl, di, dwt;
-      Inputs in;
-      in.tokens = l.shape.tokens;
-      in.hidden = dh.get();
-      if (from_logits) {
-        dl = DeviceBuffer::from(l.routes.logits);
-        in.router_logits = dl.as<float>();
-      } else {
-        di = DeviceBuffer::from(l.routes.topk.ids);
-        dwt = DeviceBuffer::from(l.routes.topk.weights);
-        in.topk_ids = di.as<int32_t>();
-        in.topk_weights = dwt.as<float>();
-      }
+      const DeviceInputs d = upload_inputs(l, from_logits);
+      const Inputs& in = d.in;
       test::Stream stream;
       run_ep(p, dw.view(), in, out.get(), ws.get(), comm, stream.get());
       LOOM_CUDA_CHECK(cudaStreamSynchronize(stream.get()));
@@ -190,11 +190,8 @@ TEST(EpLayerGpu, ACapBelowTheRoutesCountsWhatItCouldNotSend) {
   ep.rows_per_peer = 64;  // of 160 routes
   const EpPlan p = plan_ep(l.shape, Routing{}, Options{}, ep);
   DeviceBuffer ws(workspace_bytes(p)), out(size_t(l.shape.tokens * l.shape.hidden) * 2);
-  DeviceBuffer dh = DeviceBuffer::from(l.hidden), dl = DeviceBuffer::from(l.routes.logits);
-  Inputs in;
-  in.tokens = l.shape.tokens;
-  in.hidden = dh.get();
-  in.router_logits = dl.as<float>();
+  const DeviceInputs d = upload_inputs(l, true);
+  const Inputs& in = d.in;
   test::Stream stream;
   run_ep(p, dw.view(), in, out.get(), ws.get(), comm, stream.get());
   EXPECT_EQ(read_status(p, ws.get(), stream.get()).overflow_routes, 160u - 64u);
