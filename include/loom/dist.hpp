@@ -12,13 +12,16 @@
 // The first form: the rows travel by grouped ncclSend/ncclRecv of fixed segments of rows_per_peer
 // rows per peer, full segments whatever the counts (graph capture needs sizes known on the host).
 // rows_per_peer is a tunable cap: routes beyond it are not sent, and EpStatus::overflow_routes
-// counts them. Rows travel in bf16 (an FP8 layer quantises on the owner). Not yet measured on
-// several GPUs (docs/architecture.md).
+// counts them. Rows travel in bf16 (an FP8 layer quantises on the owner). With chunks > 1 the
+// exchange runs on a second stream that run_ep forks from the caller's and joins back, so one
+// chunk's rows travel while another's GEMMs run. Not yet measured on several GPUs
+// (docs/architecture.md).
 #pragma once
 
 #include <nccl.h>
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -38,6 +41,14 @@ struct ExpertParallel {
   // Rows a rank sends to one peer per run. 0: twice a balanced share, ceil(2 T k / P) rounded up to
   // 16 rows, at most T k (dist/ep_buffers.hpp).
   int64_t rows_per_peer = 0;
+  // The exchange and the local experts in `chunks` parts (1 to 8): part c + 1's rows travel while
+  // part c's GEMMs run. Position i of a peer's segment belongs to part i mod chunks, so a partly
+  // filled segment spreads over all parts; rows_per_peer is rounded up to chunks times a multiple
+  // of 4.
+  int chunks = 1;
+  // With chunks > 1: SMs the local GEMMs leave free for NCCL's kernels (persistent GEMMs fill
+  // every SM they are planned for). -1: 16.
+  int comm_sms = -1;
 };
 
 struct EpStatus {
@@ -46,15 +57,21 @@ struct EpStatus {
   uint32_t overflow_routes = 0;  // this rank's routes beyond a peer's rows_per_peer: not sent, their rows add nothing
 };
 
+struct EpStreams;  // the exchange's stream and events when chunks > 1 (src/dist/nccl/ep_layer.cpp)
+
 struct EpPlan {
   Shape shape;  // this rank's most tokens per run; experts = all E
   Routing routing;
   Options options;
   ExpertParallel ep;
-  int64_t rows_per_peer = 0;
+  int64_t rows_per_peer = 0;  // a multiple of chunks
+  int chunks = 1;
+  int64_t chunk_rows = 0;  // rows_per_peer / chunks: a peer's rows in one part
+  int comm_sms = 0;        // SMs left to NCCL (0 when chunks = 1)
   std::vector<int32_t> local_experts;  // this rank's experts (global ids) in local order
   std::vector<int32_t> owner, local_index;  // [E]
-  Plan local;  // this rank's experts over P x rows_per_peer rows of one route each (deterministic)
+  Plan local;  // this rank's experts over one part's P x chunk_rows rows of one route each (deterministic)
+  std::shared_ptr<EpStreams> streams;  // created on the plan's device; shared by the plan's copies
   struct Layout {
     size_t topk_ids, topk_weights, nan_flags, dest, offsets, route_row, row_token, row_weight, slice_counts, status,
         overflow, slot_row, send_x, send_ids, send_w, recv_x, recv_ids, recv_w, out_local, out_back, local, total;
@@ -70,7 +87,9 @@ size_t workspace_bytes(const EpPlan& p);
 std::string describe(const EpPlan& p);
 
 // local: this rank's experts' weights, [E_local, ...] in local order (EpPlan::local_experts), laid
-// out as Weights describes. output: bf16 [T, H]. Enqueues NCCL calls on `stream` through `comm`.
+// out as Weights describes. output: bf16 [T, H]. Enqueues NCCL calls on `stream` through `comm`
+// (chunks > 1: on the plan's exchange stream, ordered after and before `stream`'s work by events;
+// runs of one plan must then be ordered, as they are on one stream).
 void run_ep(const EpPlan& p, const Weights& local, const Inputs& in, void* output, void* workspace, ncclComm_t comm,
             cudaStream_t stream);
 

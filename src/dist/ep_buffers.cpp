@@ -31,8 +31,15 @@ Buffers buffer_bytes(const BufferSpec& s) {
   if (s.rows_per_peer < 0 || s.rows_per_peer > std::max<int64_t>(routes, 1))
     throw Error("expert parallelism: rows_per_peer must be in [0, T k = " + std::to_string(routes) + "], got " +
                 std::to_string(s.rows_per_peer));
+  if (s.chunks < 1 || s.chunks > kMaxChunks)
+    throw Error("expert parallelism: chunks must be in [1, " + std::to_string(kMaxChunks) + "], got " +
+                std::to_string(s.chunks));
   Buffers b;
-  b.rows_per_peer = s.rows_per_peer > 0 ? s.rows_per_peer : default_rows_per_peer(s.tokens, s.topk, s.ranks);
+  const int64_t cap = s.rows_per_peer > 0 ? s.rows_per_peer : default_rows_per_peer(s.tokens, s.topk, s.ranks);
+  // In parts, each part's rows of a peer a multiple of 4, so every part's ids and weights (4 bytes
+  // a row) start 16-byte aligned, as the local run's inputs must.
+  const int64_t per_part = s.chunks == 1 ? cap : (cap + s.chunks - 1) / s.chunks;
+  b.rows_per_peer = s.chunks * (s.chunks == 1 ? per_part : (per_part + 3) / 4 * 4);
   const int64_t values =
       s.dtype == DType::fp8 ? align16(s.hidden) + align16(4 * quant_blocks(s.hidden)) : align16(2 * s.hidden);
   b.row_bytes = values + 16;  // + local expert id and weight, padded to 16 bytes

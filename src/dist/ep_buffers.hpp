@@ -12,7 +12,9 @@
 // values), its local expert id (int32) and its top-k weight (fp32), each part 16-byte aligned.
 // rows_per_peer is a tunable cap: by default twice a balanced share, ceil(2 T k / P) rounded up to
 // 16 rows and at most T k (which no routing can exceed). Routes beyond a peer's cap are not sent;
-// the run counts them in its status (to come with the device path), so none is lost silently.
+// the run counts them in its status (EpStatus::overflow_routes), so none is lost silently. With C > 1
+// chunks the cap is rounded up to C times a multiple of 4 (each chunk holds rows_per_peer / C rows
+// a peer, their ids and weights 16-byte aligned).
 #pragma once
 
 #include <cstddef>
@@ -29,7 +31,10 @@ struct BufferSpec {
   DType dtype = DType::fp8;
   int ranks = 1;
   int64_t rows_per_peer = 0;  // 0: the default cap
+  int chunks = 1;             // C in [1, kMaxChunks]
 };
+
+constexpr int kMaxChunks = 8;
 
 struct Buffers {
   int64_t rows_per_peer = 0;

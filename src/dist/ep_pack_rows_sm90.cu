@@ -17,7 +17,7 @@ __global__ void ep_pack_rows_kernel(const __grid_constant__ EpTables t, const Ep
   if (pos >= 0) {
     const int q = p.dest[s];
     const int i = pos - p.offsets[q];
-    if (i < p.rows_per_peer) row = q * p.rows_per_peer + i;
+    if (i < p.rows_per_peer) row = ep_send_row(q, i, p.ranks, p.rows_per_peer, p.chunks);
   }
   if (lane == 0) p.slot_row[s] = row;
   if (row < 0) return;  // dropped (id out of range) or beyond the peer's cap
@@ -33,8 +33,10 @@ __global__ void ep_pack_rows_kernel(const __grid_constant__ EpTables t, const Ep
 }  // namespace
 
 void launch_ep_pack_rows(const EpTables& t, const EpSendParams& p, cudaStream_t stream) {
-  if (p.tokens < 0 || p.topk < 1 || p.ranks < 1 || p.rows_per_peer < 0 || p.hidden_dim < 8 || p.hidden_dim % 8)
-    throw Error("ep_pack_rows: T >= 0, k >= 1, P >= 1, rows_per_peer >= 0 and H a positive multiple of 8");
+  if (p.tokens < 0 || p.topk < 1 || p.ranks < 1 || p.rows_per_peer < 0 || p.hidden_dim < 8 || p.hidden_dim % 8 ||
+      p.chunks < 1 || p.rows_per_peer % p.chunks)
+    throw Error("ep_pack_rows: T >= 0, k >= 1, P >= 1, rows_per_peer >= 0 a multiple of the chunks and H a positive "
+                "multiple of 8");
   if (!p.hidden || !p.ids || !p.weights || !p.dest || !p.offsets || !p.route_row || !p.send_x || !p.send_ids ||
       !p.send_w || !p.slot_row)
     throw Error("ep_pack_rows: null device pointer");

@@ -17,7 +17,9 @@ __global__ void ep_pad_segments_kernel(const EpSendParams p) {
     *p.overflow = over;
   }
   if (j >= p.ranks * p.rows_per_peer) return;
-  const int q = j / p.rows_per_peer, i = j - q * p.rows_per_peer;
+  // Row j of the buffer [C][P][rows_per_peer / C] is position i of peer q's segment (ep_send_row).
+  const int per_chunk = p.rows_per_peer / p.chunks, c = j / (p.ranks * per_chunk);
+  const int q = (j / per_chunk) % p.ranks, i = (j % per_chunk) * p.chunks + c;
   if (i >= p.offsets[q + 1] - p.offsets[q]) {
     p.send_ids[j] = -1;
     p.send_w[j] = 0.0f;
@@ -27,7 +29,8 @@ __global__ void ep_pad_segments_kernel(const EpSendParams p) {
 }  // namespace
 
 void launch_ep_pad_segments(const EpSendParams& p, cudaStream_t stream) {
-  if (p.ranks < 1 || p.rows_per_peer < 0) throw Error("ep_pad_segments: P >= 1 and rows_per_peer >= 0");
+  if (p.ranks < 1 || p.rows_per_peer < 0 || p.chunks < 1 || p.rows_per_peer % p.chunks)
+    throw Error("ep_pad_segments: P >= 1 and rows_per_peer >= 0 a multiple of the chunks");
   if (!p.offsets || !p.send_ids || !p.send_w || !p.overflow) throw Error("ep_pad_segments: null device pointer");
   constexpr int kThreads = 256;
   const int rows = p.ranks * p.rows_per_peer;

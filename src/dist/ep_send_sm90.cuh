@@ -26,6 +26,14 @@ struct EpTables {
   uint16_t local[kGpuMaxExperts];
 };
 
+// Where position i of peer q's segment lies in the send buffer: with C chunks the buffer is
+// [C][P][rows_per_peer / C] rows and position i is row i / C of chunk i mod C, so the routes of a
+// partly filled segment spread evenly over the chunks (C = 1: row q rows_per_peer + i).
+__host__ __device__ inline int ep_send_row(int q, int i, int ranks, int rows_per_peer, int chunks) {
+  const int per_chunk = rows_per_peer / chunks;
+  return ((i % chunks) * ranks + q) * per_chunk + i / chunks;
+}
+
 struct EpSendParams {
   const uint16_t* hidden = nullptr;      // [T, H] bf16
   const int32_t* ids = nullptr;          // [T, k] global expert ids
@@ -34,9 +42,10 @@ struct EpSendParams {
   const int32_t* offsets = nullptr;      // [P + 1] launch_dispatch's over dest
   const int32_t* route_row = nullptr;    // [T, k] launch_dispatch's: position among the owner's routes
   int tokens = 0, topk = 0, hidden_dim = 0, experts = 0, ranks = 0, rows_per_peer = 0;
-  uint16_t* send_x = nullptr;            // [P, rows_per_peer, H] bf16
-  int32_t* send_ids = nullptr;           // [P, rows_per_peer] local expert ids
-  float* send_w = nullptr;               // [P, rows_per_peer]
+  int chunks = 1;                        // C, dividing rows_per_peer (ep_send_row)
+  uint16_t* send_x = nullptr;            // [C, P, rows_per_peer / C, H] bf16
+  int32_t* send_ids = nullptr;           // [C, P, rows_per_peer / C] local expert ids
+  float* send_w = nullptr;               // [C, P, rows_per_peer / C]
   int32_t* slot_row = nullptr;           // [T, k] the route's row in the send segments, -1 if not sent
   uint32_t* overflow = nullptr;          // routes beyond rows_per_peer (one plain store)
 };

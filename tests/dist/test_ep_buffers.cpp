@@ -39,6 +39,12 @@ TEST(EpBuffers, RowBytesAndTotals) {
   EXPECT_EQ(b.row_bytes, 2 * 2880 + 16);
   s.dtype = DType::fp8;
   EXPECT_EQ(buffer_bytes(s).row_bytes, 2880 + 96 + 16);  // 23 scales = 92 bytes, padded to 96
+  s.chunks = 3;  // the cap rounded up to whole chunks of a multiple of 4 rows: 34 -> 36
+  EXPECT_EQ(buffer_bytes(s).rows_per_peer, 108);
+  s.chunks = 4;  // 25 -> 28
+  EXPECT_EQ(buffer_bytes(s).rows_per_peer, 112);
+  s.chunks = 5;
+  EXPECT_EQ(buffer_bytes(s).rows_per_peer, 100);
 }
 
 TEST(EpBuffers, RejectsInvalidSpecs) {
@@ -53,6 +59,11 @@ TEST(EpBuffers, RejectsInvalidSpecs) {
   EXPECT_THROW(buffer_bytes(bad), Error);
   bad = s;
   bad.hidden = 1000;  // not a multiple of 16
+  EXPECT_THROW(buffer_bytes(bad), Error);
+  bad = s;
+  bad.chunks = 0;
+  EXPECT_THROW(buffer_bytes(bad), Error);
+  bad.chunks = kMaxChunks + 1;
   EXPECT_THROW(buffer_bytes(bad), Error);
   bad = s;
   bad.rows_per_peer = 33;  // above T k

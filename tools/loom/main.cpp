@@ -64,7 +64,10 @@ bench options:
                          traced point; prints the medians (a -DLOOM_CHAIN_TRACE=ON build only)
   --ep N                 expert parallelism over N GPUs, one process a rank (a build with NCCL):
                          the ffn layer with each rank's own T tokens, its e2e, its local experts
-                         alone and the exchange (the difference); --rows-per-peer R sets the cap
+                         alone and the exchange (the difference); --rows-per-peer R sets the cap;
+                         --ep-chunks C[,C...] times each part count in turn (the exchange of one part
+                         overlapping the GEMMs of another; default 1) and --comm-sms S the SMs the
+                         local GEMMs leave to NCCL when parted (default 16)
                          (--ep-rank, --ep-id, --ep-out: what the ranks are started with)
 )";
 
@@ -132,7 +135,8 @@ std::vector<std::string> rest(int argc, char** argv) { return std::vector<std::s
 int cmd_bench(int argc, char** argv) {
   std::set<std::string> valued = kWorkloadFlags;
   valued.insert({"reps", "warmup", "json", "csv", "max-copies", "max-cpu-gflop", "trace-chain", "gemm-config",
-                 "gemm2-config", "weights", "ep", "rows-per-peer", "ep-rank", "ep-id", "ep-out"});
+                 "gemm2-config", "weights", "ep", "rows-per-peer", "ep-chunks", "comm-sms", "ep-rank", "ep-id",
+                 "ep-out"});
   const Args a(rest(argc, argv), valued,
                {"no-renorm", "sweep", "no-sol", "deterministic", "no-pdl", "eager", "no-check", "no-fuse", "no-bins",
                 "dist-logits"});
@@ -174,6 +178,14 @@ int cmd_bench(int argc, char** argv) {
     ep.base = opt;
     ep.ranks = int(a.integer("ep", 1));
     ep.rows_per_peer = a.integer("rows-per-peer", 0);
+    ep.comm_sms = int(a.integer("comm-sms", -1));
+    if (a.has("ep-chunks")) {
+      ep.chunks.clear();
+      for (const int64_t c : a.integer_list("ep-chunks")) {
+        if (c < 1 || c > 8) throw Error("--ep-chunks takes part counts in [1, 8], got " + std::to_string(c));
+        ep.chunks.push_back(int(c));
+      }
+    }
     if (ep.ranks < 1) throw Error("--ep must be >= 1");
     if (opt.shape.mode != loom::Mode::ffn) throw Error("--ep runs the ffn layer (--mode ffn or an ffn preset)");
     if (a.has("json") || a.has("csv") || opt.trace_chain) throw Error("--ep prints its table only (no --json, --csv, --trace-chain)");

@@ -4,7 +4,9 @@
 #include <nccl.h>
 
 #include <algorithm>
+#include <mutex>
 #include <string>
+#include <vector>
 
 #include "common/cuda_check.hpp"
 #include "dispatch/dispatch_sm90.cuh"
@@ -16,6 +18,37 @@
 #include "route/route_topk_sm90.cuh"
 
 namespace loom {
+
+// The exchange's stream and events (chunks > 1), made once on the device of the plan's first run.
+// events: [0] the send rows packed, [1 + c] part c received, [1 + C + c] part c's outputs written,
+// [1 + 2 C] every output returned.
+struct EpStreams {
+  std::mutex mutex;
+  int device = -1;
+  cudaStream_t exchange = nullptr;
+  std::vector<cudaEvent_t> events;
+
+  void ensure(int chunks) {
+    std::lock_guard<std::mutex> lock(mutex);
+    int dev = 0;
+    LOOM_CUDA_CHECK(cudaGetDevice(&dev));
+    if (exchange) {
+      if (dev != device)
+        throw Error("run_ep: the plan's exchange stream is on device " + std::to_string(device) + ", this run on " +
+                    std::to_string(dev));
+      return;
+    }
+    LOOM_CUDA_CHECK(cudaStreamCreateWithFlags(&exchange, cudaStreamNonBlocking));
+    events.resize(size_t(2 * chunks + 2));
+    for (cudaEvent_t& e : events) LOOM_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+    device = dev;
+  }
+  ~EpStreams() {  // errors ignored: the context may already be gone at exit
+    for (cudaEvent_t e : events) cudaEventDestroy(e);
+    if (exchange) cudaStreamDestroy(exchange);
+  }
+};
+
 namespace {
 
 void nccl_check(ncclResult_t r, const char* what) {
@@ -45,7 +78,9 @@ dist::EpTables tables(const EpPlan& p) {
 }  // namespace
 
 EpPlan plan_ep(const Shape& max_shape, const Routing& routing, const Options& options, const ExpertParallel& ep) {
-  return plan_ep(max_shape, routing, options, ep, current_device());
+  EpPlan p = plan_ep(max_shape, routing, options, ep, current_device());
+  if (p.chunks > 1) p.streams->ensure(p.chunks);  // here, not inside a caller's graph capture
+  return p;
 }
 
 EpPlan plan_ep(const Shape& max_shape, const Routing& routing, const Options& options, const ExpertParallel& ep,
@@ -72,7 +107,12 @@ EpPlan plan_ep(const Shape& max_shape, const Routing& routing, const Options& op
   bs.dtype = DType::bf16;  // the rows travel in bf16
   bs.ranks = ep.size;
   bs.rows_per_peer = ep.rows_per_peer;
+  bs.chunks = ep.chunks;
   const dist::Buffers buf = dist::buffer_bytes(bs);
+  const int comm_sms = ep.chunks > 1 ? (ep.comm_sms < 0 ? 16 : ep.comm_sms) : 0;
+  if (comm_sms < 0 || comm_sms > device.sm_count / 2)
+    throw Error("expert parallelism: comm_sms must be in [0, " + std::to_string(device.sm_count / 2) + "], got " +
+                std::to_string(comm_sms));
   if (int64_t(ep.size) * buf.rows_per_peer * s.hidden >= (int64_t(1) << 31))
     throw Error("expert parallelism: P x rows_per_peer x H must stay below 2^31 (32-bit row offsets)");
 
@@ -82,17 +122,24 @@ EpPlan plan_ep(const Shape& max_shape, const Routing& routing, const Options& op
   p.options = options;
   p.ep = ep;
   p.rows_per_peer = buf.rows_per_peer;
+  p.chunks = ep.chunks;
+  p.chunk_rows = p.rows_per_peer / p.chunks;
+  p.comm_sms = comm_sms;
+  p.streams = std::make_shared<EpStreams>();
   p.local_experts = pl.local_experts;
   p.owner = pl.owner;
   p.local_index = pl.local_index;
-  // The owner's run: every received row is one route of weight w to a local expert; deterministic,
-  // so each returned row is GEMM 2's weighted row rounded to bf16, as the one-GPU combine sums them.
-  Shape ls{int64_t(ep.size) * p.rows_per_peer, s.hidden, s.inter, int64_t(pl.local_experts.size()), 1, Mode::ffn,
+  // The owner's run, once a part: every received row is one route of weight w to a local expert;
+  // deterministic, so each returned row is GEMM 2's weighted row rounded to bf16, as the one-GPU
+  // combine sums them. With parts, on the SMs NCCL's kernels leave.
+  Shape ls{int64_t(ep.size) * p.chunk_rows, s.hidden, s.inter, int64_t(pl.local_experts.size()), 1, Mode::ffn,
            s.dtype};
   Options lo = options;
   lo.deterministic = true;
   lo.debug_checks = false;  // padding rows are dropped routes by design
-  p.local = plan(ls, Routing{}, lo, device);
+  DeviceSpec ld = device;
+  ld.sm_count -= comm_sms;
+  p.local = plan(ls, Routing{}, lo, ld);
 
   const int64_t R = s.tokens * s.topk, P = ep.size, rows = P * p.rows_per_peer, H = s.hidden;
   size_t cur = 0;
@@ -129,8 +176,12 @@ std::string describe(const EpPlan& p) {
   c.size = p.ep.size;
   c.rank = p.ep.rank;
   c.expert_rank = p.ep.expert_rank;
+  std::string parts;
+  if (p.chunks > 1)
+    parts = " in " + std::to_string(p.chunks) + " parts of " + std::to_string(p.chunk_rows) + ", the local GEMMs on " +
+            std::to_string(p.local.sm_count) + " SMs";
   return "expert parallelism: " + dist::describe(dist::make_placement(p.shape.experts, c)) + "; " +
-         std::to_string(p.rows_per_peer) + " rows per peer; " + describe(p.shape) + "\nlocal plan:\n" +
+         std::to_string(p.rows_per_peer) + " rows per peer" + parts + "; " + describe(p.shape) + "\nlocal plan:\n" +
          describe(p.local);
 }
 
@@ -186,6 +237,7 @@ void run_ep(const EpPlan& p, const Weights& local, const Inputs& in, void* outpu
   sp.experts = E;
   sp.ranks = P;
   sp.rows_per_peer = cap;
+  sp.chunks = p.chunks;
   sp.send_x = at<uint16_t>(workspace, L.send_x);
   sp.send_ids = at<int32_t>(workspace, L.send_ids);
   sp.send_w = at<float>(workspace, L.send_w);
@@ -215,37 +267,73 @@ void run_ep(const EpPlan& p, const Weights& local, const Inputs& in, void* outpu
   }
   launch_ep_pad_segments(sp, stream);
 
-  // Every peer's whole segment each way: sizes the host knows, so the exchange is capturable.
-  const size_t seg_x = size_t(cap) * size_t(H), seg = size_t(cap);
-  nccl_check(ncclGroupStart(), "ncclGroupStart");
-  for (int q = 0; q < P && cap > 0; ++q) {
-    nccl_check(ncclSend(sp.send_x + q * seg_x, seg_x, ncclBfloat16, q, comm, stream), "ncclSend rows");
-    nccl_check(ncclSend(sp.send_ids + q * seg, seg, ncclInt32, q, comm, stream), "ncclSend ids");
-    nccl_check(ncclSend(sp.send_w + q * seg, seg, ncclFloat32, q, comm, stream), "ncclSend weights");
-    nccl_check(ncclRecv(at<uint16_t>(workspace, L.recv_x) + q * seg_x, seg_x, ncclBfloat16, q, comm, stream),
-               "ncclRecv rows");
-    nccl_check(ncclRecv(at<int32_t>(workspace, L.recv_ids) + q * seg, seg, ncclInt32, q, comm, stream), "ncclRecv ids");
-    nccl_check(ncclRecv(at<float>(workspace, L.recv_w) + q * seg, seg, ncclFloat32, q, comm, stream),
-               "ncclRecv weights");
+  // Every peer's whole segment each way, part by part: sizes the host knows, so the exchange is
+  // capturable. Part c's rows are [c][q][chunk_rows] in every buffer (dist::ep_send_row); the
+  // returned outputs land where their routes were sent, so slot_row finds them.
+  const int C = p.chunks, per = int(p.chunk_rows);
+  const size_t part = size_t(P) * size_t(per);
+  auto rows_at = [&](size_t offset, size_t row) { return at<uint16_t>(workspace, offset) + row * size_t(H); };
+  auto dispatch_part = [&](int c, cudaStream_t st) {
+    nccl_check(ncclGroupStart(), "ncclGroupStart");
+    for (int q = 0; q < P && per > 0; ++q) {
+      const size_t r = size_t(c) * part + size_t(q) * size_t(per), n = size_t(per);
+      nccl_check(ncclSend(rows_at(L.send_x, r), n * size_t(H), ncclBfloat16, q, comm, st), "ncclSend rows");
+      nccl_check(ncclSend(sp.send_ids + r, n, ncclInt32, q, comm, st), "ncclSend ids");
+      nccl_check(ncclSend(sp.send_w + r, n, ncclFloat32, q, comm, st), "ncclSend weights");
+      nccl_check(ncclRecv(rows_at(L.recv_x, r), n * size_t(H), ncclBfloat16, q, comm, st), "ncclRecv rows");
+      nccl_check(ncclRecv(at<int32_t>(workspace, L.recv_ids) + r, n, ncclInt32, q, comm, st), "ncclRecv ids");
+      nccl_check(ncclRecv(at<float>(workspace, L.recv_w) + r, n, ncclFloat32, q, comm, st), "ncclRecv weights");
+    }
+    nccl_check(ncclGroupEnd(), "ncclGroupEnd");
+  };
+  // This rank's experts on part c's received rows; padding rows (id -1) are dropped routes there.
+  auto compute_part = [&](int c, cudaStream_t st) {
+    const size_t r = size_t(c) * part;
+    Inputs li;
+    li.tokens = int64_t(part);
+    li.hidden = rows_at(L.recv_x, r);
+    li.topk_ids = at<int32_t>(workspace, L.recv_ids) + r;
+    li.topk_weights = at<float>(workspace, L.recv_w) + r;
+    if (li.tokens > 0) run(p.local, local, li, rows_at(L.out_local, r), at<void>(workspace, L.local), st);
+  };
+  auto return_part = [&](int c, cudaStream_t st) {
+    nccl_check(ncclGroupStart(), "ncclGroupStart");
+    for (int q = 0; q < P && per > 0; ++q) {
+      const size_t r = size_t(c) * part + size_t(q) * size_t(per), n = size_t(per) * size_t(H);
+      nccl_check(ncclSend(rows_at(L.out_local, r), n, ncclBfloat16, q, comm, st), "ncclSend outputs");
+      nccl_check(ncclRecv(rows_at(L.out_back, r), n, ncclBfloat16, q, comm, st), "ncclRecv outputs");
+    }
+    nccl_check(ncclGroupEnd(), "ncclGroupEnd");
+  };
+  if (C == 1) {
+    dispatch_part(0, stream);
+    compute_part(0, stream);
+    return_part(0, stream);
+  } else {
+    // NCCL on the exchange stream, in the same order on every rank: all parts out, then each
+    // part's outputs back once its GEMMs are done. The GEMMs stay on `stream`, so part c + 1's
+    // rows travel while part c computes, and part c's outputs travel while part c + 1 computes.
+    p.streams->ensure(C);
+    const cudaStream_t ex = p.streams->exchange;
+    const std::vector<cudaEvent_t>& ev = p.streams->events;
+    LOOM_CUDA_CHECK(cudaEventRecord(ev[0], stream));
+    LOOM_CUDA_CHECK(cudaStreamWaitEvent(ex, ev[0], 0));
+    for (int c = 0; c < C; ++c) {
+      dispatch_part(c, ex);
+      LOOM_CUDA_CHECK(cudaEventRecord(ev[size_t(1 + c)], ex));
+    }
+    for (int c = 0; c < C; ++c) {
+      LOOM_CUDA_CHECK(cudaStreamWaitEvent(stream, ev[size_t(1 + c)], 0));
+      compute_part(c, stream);
+      LOOM_CUDA_CHECK(cudaEventRecord(ev[size_t(1 + C + c)], stream));
+    }
+    for (int c = 0; c < C; ++c) {
+      LOOM_CUDA_CHECK(cudaStreamWaitEvent(ex, ev[size_t(1 + C + c)], 0));
+      return_part(c, ex);
+    }
+    LOOM_CUDA_CHECK(cudaEventRecord(ev[size_t(1 + 2 * C)], ex));
+    LOOM_CUDA_CHECK(cudaStreamWaitEvent(stream, ev[size_t(1 + 2 * C)], 0));
   }
-  nccl_check(ncclGroupEnd(), "ncclGroupEnd");
-
-  // This rank's experts on every received row; padding rows (id -1) are dropped routes there.
-  Inputs li;
-  li.tokens = int64_t(P) * cap;
-  li.hidden = at<uint16_t>(workspace, L.recv_x);
-  li.topk_ids = at<int32_t>(workspace, L.recv_ids);
-  li.topk_weights = at<float>(workspace, L.recv_w);
-  if (li.tokens > 0) run(p.local, local, li, at<void>(workspace, L.out_local), at<void>(workspace, L.local), stream);
-
-  nccl_check(ncclGroupStart(), "ncclGroupStart");
-  for (int q = 0; q < P && cap > 0; ++q) {
-    nccl_check(ncclSend(at<uint16_t>(workspace, L.out_local) + q * seg_x, seg_x, ncclBfloat16, q, comm, stream),
-               "ncclSend outputs");
-    nccl_check(ncclRecv(at<uint16_t>(workspace, L.out_back) + q * seg_x, seg_x, ncclBfloat16, q, comm, stream),
-               "ncclRecv outputs");
-  }
-  nccl_check(ncclGroupEnd(), "ncclGroupEnd");
 
   CombineRowsParams cp;
   cp.y_bf16 = at<const uint16_t>(workspace, L.out_back);

@@ -3,15 +3,17 @@
 //     equals the one-GPU layer bit for bit in BF16 (the same GEMM kernels; deterministic), from
 //     logits and from ids, from a graph replay too; FP8 within the layer's tolerance (the local
 //     plan's batch may choose other GEMM configs);
+//   - in parts (the chunked overlap), eagerly and from a graph, and with no tokens, the same bits;
 //   - a cap below the routes counts the ones it could not send;
 //   - with two GPUs or more, P ranks (a thread each) equal the one-GPU layer on all their tokens,
-//     bit for bit, one rank with no tokens.
+//     bit for bit, one rank with no tokens, balanced and skewed, unsplit and in parts.
 // NCCL_NVLS_ENABLE=0 (NVLink multicast off) before any communicator.
 #include <gtest/gtest.h>
 
 #include <cstdlib>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "bench/device_buffer.hpp"
@@ -179,6 +181,52 @@ TEST(EpLayerGpu, OneRankEqualsTheLayer) {
   ncclCommDestroy(comm);
 }
 
+// In parts (the exchange on the plan's second stream, the GEMMs on fewer SMs), eagerly and from a
+// graph replay, T from the plan's most down to none: the same bits as the one-GPU layer.
+TEST(EpLayerGpu, PartsEqualTheLayer) {
+  LOOM_REQUIRE_GPU();
+  LOOM_FRESH_SEED();
+  ncclComm_t comm = one_rank_comm();
+  ASSERT_NE(comm, nullptr);
+  const Layer l = make_layer(40, DType::bf16, "random", seed);
+  const DeviceWeights dw = upload(l.w);
+  const std::vector<uint16_t> want = one_gpu(l, dw, true);
+  for (const int chunks : {2, 3}) {
+    SCOPED_TRACE("chunks " + std::to_string(chunks));
+    ExpertParallel ep;
+    ep.chunks = chunks;
+    const EpPlan p = plan_ep(l.shape, Routing{}, Options{}, ep);
+    ASSERT_EQ(p.rows_per_peer % chunks, 0);
+    DeviceBuffer ws(workspace_bytes(p)), out(size_t(l.shape.tokens * l.shape.hidden) * 2);
+    test::fill(ws.get(), 0xff, ws.bytes());
+    test::fill(out.get(), 0xff, out.bytes());
+    const DeviceInputs d = upload_inputs(l, true);
+    test::Stream stream;
+    run_ep(p, dw.view(), d.in, out.get(), ws.get(), comm, stream.get());
+    LOOM_CUDA_CHECK(cudaStreamSynchronize(stream.get()));
+    EXPECT_TRUE(to_bits(out, l.shape.tokens * l.shape.hidden) == want) << "differs from the one-GPU layer";
+    EXPECT_EQ(read_status(p, ws.get(), stream.get()).overflow_routes, 0u);
+    cudaGraph_t graph = nullptr;
+    cudaGraphExec_t exec = nullptr;
+    test::fill(out.get(), 0xff, out.bytes());
+    LOOM_CUDA_CHECK(cudaStreamBeginCapture(stream.get(), cudaStreamCaptureModeThreadLocal));
+    run_ep(p, dw.view(), d.in, out.get(), ws.get(), comm, stream.get());
+    LOOM_CUDA_CHECK(cudaStreamEndCapture(stream.get(), &graph));
+    LOOM_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
+    for (int i = 0; i < 3; ++i) LOOM_CUDA_CHECK(cudaGraphLaunch(exec, stream.get()));
+    LOOM_CUDA_CHECK(cudaStreamSynchronize(stream.get()));
+    EXPECT_TRUE(to_bits(out, l.shape.tokens * l.shape.hidden) == want) << "the graph replay differs";
+    LOOM_CUDA_CHECK(cudaGraphExecDestroy(exec));
+    LOOM_CUDA_CHECK(cudaGraphDestroy(graph));
+    Inputs none = d.in;  // no tokens: the (empty) segments still travel, nothing is written
+    none.tokens = 0;
+    run_ep(p, dw.view(), none, out.get(), ws.get(), comm, stream.get());
+    LOOM_CUDA_CHECK(cudaStreamSynchronize(stream.get()));
+    EXPECT_TRUE(to_bits(out, l.shape.tokens * l.shape.hidden) == want) << "a run of no tokens wrote the output";
+  }
+  ncclCommDestroy(comm);
+}
+
 TEST(EpLayerGpu, ACapBelowTheRoutesCountsWhatItCouldNotSend) {
   LOOM_REQUIRE_GPU();
   LOOM_FRESH_SEED();
@@ -222,7 +270,7 @@ TEST(EpLayerGpu, RejectsBadPlansAndCommunicators) {
   ncclCommDestroy(comm);
 }
 
-// P ranks on P GPUs, a thread each; rank 1 has no tokens when P > 2.
+// P ranks on P GPUs, a thread each; rank 1 has no tokens when P > 2; unsplit and in three parts.
 TEST(EpLayerGpu, RanksEqualTheLayerOnAllTheirTokens) {
   LOOM_REQUIRE_GPU();
   int gpus = 0;
@@ -231,8 +279,8 @@ TEST(EpLayerGpu, RanksEqualTheLayerOnAllTheirTokens) {
   LOOM_FRESH_SEED();
   setenv("NCCL_NVLS_ENABLE", "0", 1);
   const int P = std::min(gpus, 8);
-  for (const char* dist : {"random", "hot:1"}) {
-    SCOPED_TRACE(std::string("P=") + std::to_string(P) + " " + dist);
+  for (const auto& [dist, chunks] : {std::pair{"random", 1}, std::pair{"hot:1", 1}, std::pair{"random", 3}}) {
+    SCOPED_TRACE(std::string("P=") + std::to_string(P) + " " + dist + " parts " + std::to_string(chunks));
     std::vector<int64_t> tokens(static_cast<size_t>(P));
     for (int r = 0; r < P; ++r) tokens[size_t(r)] = r == 1 && P > 2 ? 0 : 24 + 8 * r;
     std::vector<Layer> layers;
@@ -272,8 +320,10 @@ TEST(EpLayerGpu, RanksEqualTheLayerOnAllTheirTokens) {
           ExpertParallel ep;
           ep.size = P;
           ep.rank = r;
+          ep.chunks = chunks;
           Shape s = all.shape;
           s.tokens = 128;  // at least the most any rank carries (24 + 8 r tokens)
+          ep.rows_per_peer = s.tokens * s.topk;  // skewed: every route may go to one rank
           const EpPlan p = plan_ep(s, Routing{}, Options{}, ep);
           // This rank's experts' weights, in local order.
           const int64_t per1 = int64_t(all.w.w1.size()) / all.w.shape.experts,

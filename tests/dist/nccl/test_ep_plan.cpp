@@ -45,6 +45,40 @@ TEST(EpPlan, MapAndCap) {
   EXPECT_EQ(p.local.shape.tokens, 200);
 }
 
+TEST(EpPlan, PartsSplitTheCapAndLeaveSmsToNccl) {
+  const DeviceSpec h200 = device_spec("h200");
+  ExpertParallel ep;
+  ep.size = 4;
+  ep.rank = 1;
+  ep.rows_per_peer = 1000;
+  ep.chunks = 3;
+  const EpPlan p = plan_ep(kShape, Routing{}, Options{}, ep, h200);
+  EXPECT_EQ(p.chunks, 3);
+  EXPECT_EQ(p.rows_per_peer, 1008);  // up to whole parts of a multiple of 4 rows: 334 -> 336
+  EXPECT_EQ(p.chunk_rows, 336);
+  EXPECT_EQ(p.local.shape.tokens, 4 * 336);  // one part's rows from every peer
+  EXPECT_EQ(p.comm_sms, 16);
+  EXPECT_EQ(p.local.sm_count, h200.sm_count - 16);
+  EXPECT_GE(p.layout.recv_x - p.layout.send_x, size_t(4 * 1008 * 2048 * 2));  // every part's rows
+  EXPECT_NE(describe(p).find("in 3 parts of 336"), std::string::npos) << describe(p);
+  ep.comm_sms = 0;
+  EXPECT_EQ(plan_ep(kShape, Routing{}, Options{}, ep, h200).local.sm_count, h200.sm_count);
+  ep.chunks = 1;  // unsplit: every SM to the GEMMs, whatever comm_sms says
+  ep.comm_sms = 20;
+  const EpPlan one = plan_ep(kShape, Routing{}, Options{}, ep, h200);
+  EXPECT_EQ(one.comm_sms, 0);
+  EXPECT_EQ(one.local.sm_count, h200.sm_count);
+  EXPECT_EQ(one.rows_per_peer, 1000);
+  ep.chunks = 2;
+  ep.comm_sms = h200.sm_count;  // more than half the SMs
+  EXPECT_THROW(plan_ep(kShape, Routing{}, Options{}, ep, h200), Error);
+  ep.comm_sms = -1;
+  ep.chunks = 0;
+  EXPECT_THROW(plan_ep(kShape, Routing{}, Options{}, ep, h200), Error);
+  ep.chunks = 9;
+  EXPECT_THROW(plan_ep(kShape, Routing{}, Options{}, ep, h200), Error);
+}
+
 TEST(EpPlan, RejectsWhatItCannotRun) {
   const DeviceSpec h200 = device_spec("h200");
   ExpertParallel ep;

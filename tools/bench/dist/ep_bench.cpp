@@ -8,6 +8,7 @@
 #include <cstdlib>
 #include <fstream>
 #include <iomanip>
+#include <map>
 #include <ostream>
 #include <sstream>
 
@@ -30,6 +31,7 @@ void nccl_check(ncclResult_t r, const char* what) {
 // One rank's row of the table.
 struct RankRow {
   int rank = 0;
+  int chunks = 1;
   int64_t tokens = 0;
   Stats e2e, local;
   double rel_err = -1;  // < 0: not checked
@@ -39,7 +41,7 @@ struct RankRow {
 
 std::string to_line(const RankRow& r) {
   std::ostringstream s;
-  s << std::setprecision(9) << r.rank << ' ' << r.tokens << ' ' << r.e2e.median_us << ' ' << r.e2e.p10_us << ' '
+  s << std::setprecision(9) << r.rank << ' ' << r.chunks << ' ' << r.tokens << ' ' << r.e2e.median_us << ' ' << r.e2e.p10_us << ' '
     << r.e2e.p90_us << ' ' << r.local.median_us << ' ' << r.rel_err << ' ' << r.flops << ' ' << r.overflow;
   return s.str();
 }
@@ -54,10 +56,122 @@ std::string sci(double v) {
 RankRow from_line(const std::string& line) {
   std::istringstream s(line);
   RankRow r;
-  if (!(s >> r.rank >> r.tokens >> r.e2e.median_us >> r.e2e.p10_us >> r.e2e.p90_us >> r.local.median_us >>
+  if (!(s >> r.rank >> r.chunks >> r.tokens >> r.e2e.median_us >> r.e2e.p10_us >> r.e2e.p90_us >> r.local.median_us >>
         r.rel_err >> r.flops >> r.overflow))
     throw Error("loom bench --ep: a rank wrote an unreadable line: " + line);
   return r;
+}
+
+// A run's tokens and routes (logits, or ids with weights) on the device.
+struct DeviceInputs {
+  DeviceBuffer hidden, logits, bias, ids, weights;
+  Inputs in;
+  DeviceInputs(const Routes& routes, const std::vector<bf16>& h, int64_t tokens) {
+    hidden = DeviceBuffer::from(h);
+    in.tokens = tokens;
+    in.hidden = hidden.get();
+    if (!routes.logits.empty()) {
+      logits = DeviceBuffer::from(routes.logits);
+      in.router_logits = logits.as<float>();
+      if (!routes.expert_bias.empty()) {
+        bias = DeviceBuffer::from(routes.expert_bias);
+        in.expert_bias = bias.as<float>();
+      }
+    } else {
+      ids = DeviceBuffer::from(routes.topk.ids);
+      weights = DeviceBuffer::from(routes.topk.weights);
+      in.topk_ids = ids.as<int32_t>();
+      in.topk_weights = weights.as<float>();
+    }
+  }
+};
+
+// The weights of a layer on the device (FP8 codes with their scales, or BF16 values).
+struct DeviceWeights {
+  DeviceBuffer w1, w2, s1, s2;
+  explicit DeviceWeights(const LayerWeights& w) {
+    const bool fp8 = w.shape.dtype == DType::fp8;
+    w1 = fp8 ? DeviceBuffer::from(w.w1_q) : DeviceBuffer::from(w.w1);
+    w2 = fp8 ? DeviceBuffer::from(w.w2_q) : DeviceBuffer::from(w.w2);
+    if (fp8) {
+      s1 = DeviceBuffer::from(w.w1_scales);
+      s2 = DeviceBuffer::from(w.w2_scales);
+    }
+  }
+  Weights view() const {
+    Weights v;
+    v.w1 = w1.get();
+    v.w1_scales = s1.as<float>();
+    v.w2 = w2.get();
+    v.w2_scales = s2.as<float>();
+    return v;
+  }
+};
+
+// The one-GPU layer (every expert, the options given) on P T tokens: what the P ranks' T tokens
+// each would take on one GPU.
+Stats one_gpu(const LayerWeights& all, const BenchOptions& b, GpuTimer& timer, int64_t tokens) {
+  Shape s = b.shape;
+  s.tokens = tokens;
+  const Plan p = plan(s, b.routing, b.layer);
+  const DeviceWeights w(all);
+  const uint64_t seed = b.seed * 1000003ull + uint64_t(tokens);
+  const DeviceInputs d(make_routes(s, b.routing, b.dist, seed), make_hidden(s, seed), tokens);
+  DeviceBuffer ws(workspace_bytes(p)), out(size_t(tokens * s.hidden) * 2);
+  return timer.time([&](cudaStream_t st, int) { run(p, w.view(), d.in, out.get(), ws.get(), st); }, 1, L2Mode::flush,
+                    b.timer);
+}
+
+// One token count on one plan: the output checked against the CPU reference where affordable, then
+// the whole run and the local experts alone timed.
+RankRow measure(const EpPlan& p, void* ws, const LayerWeights& all, const Weights& lw, const BenchOptions& b,
+                GpuTimer& timer, ncclComm_t comm, int rank, int64_t t) {
+  Shape s = b.shape;
+  s.tokens = t;
+  RankRow row;
+  row.rank = rank;
+  row.chunks = p.chunks;
+  row.tokens = t;
+  row.flops = 6.0 * double(t) * double(s.topk) * double(s.hidden) * double(s.inter);
+  const uint64_t seed = b.seed * 1000003ull + uint64_t(t) + 7919ull * uint64_t(rank + 1);  // each rank its own tokens
+  const Routes routes = make_routes(s, b.routing, b.dist, seed);
+  const std::vector<bf16> hidden = make_hidden(s, seed);
+  const DeviceInputs d(routes, hidden, t);
+  const Inputs& in = d.in;
+  DeviceBuffer dout(size_t(std::max<int64_t>(1, t * s.hidden)) * 2);
+  LOOM_CUDA_CHECK(cudaMemsetAsync(dout.get(), 0xff, dout.bytes(), timer.stream()));
+  run_ep(p, lw, in, dout.get(), ws, comm, timer.stream());
+  LOOM_CUDA_CHECK(cudaStreamSynchronize(timer.stream()));
+  row.overflow = read_status(p, ws, timer.stream()).overflow_routes;
+  if (b.check && t > 0 && row.flops / 1e9 <= b.max_cpu_gflop) {
+    // The one-GPU reference of these tokens (route rows rounded to bf16: the deterministic rule).
+    const LayerResult ref = layer_ref(all, hidden.data(), routes.topk, nullptr, true);
+    const std::vector<uint16_t> bits = dout.to_host<uint16_t>();
+    std::vector<float> got(size_t(t * s.hidden));
+    for (size_t i = 0; i < got.size(); ++i) got[i] = bf16_to_float(bf16{bits[i]});
+    row.rel_err = relative_error(got.data(), ref.out.data(), t, s.hidden).overall;
+  }
+  // Every rank replays as often as the others (the NCCL calls in the graphs pair up).
+  row.e2e = timer.time([&](cudaStream_t st, int) { run_ep(p, lw, in, dout.get(), ws, comm, st); }, 1,
+                       L2Mode::flush, b.timer);
+  // The local experts alone, part after part on the rows the last run received (the local
+  // plan's own workspace).
+  const EpPlan::Layout& L = p.layout;
+  auto* base = static_cast<uint8_t*>(ws);
+  const int64_t part = p.local.shape.tokens;
+  row.local = timer.time(
+      [&](cudaStream_t st, int) {
+        for (int c = 0; c < p.chunks; ++c) {
+          Inputs li;
+          li.tokens = part;
+          li.hidden = base + L.recv_x + size_t(c * part * s.hidden) * 2;
+          li.topk_ids = reinterpret_cast<const int32_t*>(base + L.recv_ids) + c * part;
+          li.topk_weights = reinterpret_cast<const float*>(base + L.recv_w) + c * part;
+          run(p.local, lw, li, base + L.out_local + size_t(c * part * s.hidden) * 2, base + L.local, st);
+        }
+      },
+      1, L2Mode::flush, b.timer);
+  return row;
 }
 
 }  // namespace
@@ -83,84 +197,34 @@ void run_ep_bench_rank(const EpBenchOptions& opt, int rank, const std::string& i
   ExpertParallel ep;
   ep.size = opt.ranks;
   ep.rank = rank;
-  ep.rows_per_peer = opt.rows_per_peer;
-  Shape most = b.shape;
-  most.tokens = *std::max_element(b.tokens.begin(), b.tokens.end());
-  const EpPlan p = plan_ep(most, b.routing, b.layer, ep);
-  const LayerWeights mine = dist::slice_experts(all, p.local_experts);
-  const bool fp8 = b.shape.dtype == DType::fp8;
-  DeviceBuffer w1 = fp8 ? DeviceBuffer::from(mine.w1_q) : DeviceBuffer::from(mine.w1);
-  DeviceBuffer w2 = fp8 ? DeviceBuffer::from(mine.w2_q) : DeviceBuffer::from(mine.w2);
-  DeviceBuffer s1, s2;
-  if (fp8) {
-    s1 = DeviceBuffer::from(mine.w1_scales);
-    s2 = DeviceBuffer::from(mine.w2_scales);
-  }
-  Weights lw;
-  lw.w1 = w1.get();
-  lw.w1_scales = s1.as<float>();
-  lw.w2 = w2.get();
-  lw.w2_scales = s2.as<float>();
-  DeviceBuffer ws(workspace_bytes(p));
-  log << "rank " << rank << ": " << describe(p).substr(0, describe(p).find('\n')) << "\n";
-
+  ep.comm_sms = opt.comm_sms;
+  const dist::EpConfig placement_of{opt.ranks, rank, -1, -1, {}};
+  const LayerWeights mine =
+      dist::slice_experts(all, dist::make_placement(b.shape.experts, placement_of).local_experts);
+  const DeviceWeights local(mine);
+  const Weights lw = local.view();
   std::ofstream out(out_file);
-  for (const int64_t t : b.tokens) {
-    Shape s = b.shape;
-    s.tokens = t;
-    RankRow row;
-    row.rank = rank;
-    row.tokens = t;
-    row.flops = 6.0 * double(t) * double(s.topk) * double(s.hidden) * double(s.inter);
-    const uint64_t seed = b.seed * 1000003ull + uint64_t(t) + 7919ull * uint64_t(rank + 1);  // each rank its own tokens
-    const Routes routes = make_routes(s, b.routing, b.dist, seed);
-    const std::vector<bf16> hidden = make_hidden(s, seed);
-    DeviceBuffer dh = DeviceBuffer::from(hidden), dl, db, di, dw;
-    DeviceBuffer dout(size_t(std::max<int64_t>(1, t * s.hidden)) * 2);
-    Inputs in;
-    in.tokens = t;
-    in.hidden = dh.get();
-    if (!routes.logits.empty()) {
-      dl = DeviceBuffer::from(routes.logits);
-      in.router_logits = dl.as<float>();
-      if (!routes.expert_bias.empty()) {
-        db = DeviceBuffer::from(routes.expert_bias);
-        in.expert_bias = db.as<float>();
-      }
-    } else {
-      di = DeviceBuffer::from(routes.topk.ids);
-      dw = DeviceBuffer::from(routes.topk.weights);
-      in.topk_ids = di.as<int32_t>();
-      in.topk_weights = dw.as<float>();
+  // A plan per token count, as a caller would make one per regime (decode, prefill): a run moves
+  // and computes its plan's whole segments, so a plan for more tokens costs more at every T.
+  for (const int chunks : opt.chunks)
+    for (const int64_t t : b.tokens) {
+      ep.chunks = chunks;
+      ep.rows_per_peer = std::min(opt.rows_per_peer, std::max<int64_t>(t, 1) * b.shape.topk);
+      Shape s = b.shape;
+      s.tokens = std::max<int64_t>(t, 1);
+      const EpPlan p = plan_ep(s, b.routing, b.layer, ep);
+      DeviceBuffer ws(workspace_bytes(p));
+      log << "rank " << rank << ": " << describe(p).substr(0, describe(p).find('\n')) << "\n";
+      out << to_line(measure(p, ws.get(), all, lw, b, timer, comm, rank, t)) << "\n" << std::flush;
     }
-    LOOM_CUDA_CHECK(cudaMemsetAsync(dout.get(), 0xff, dout.bytes(), timer.stream()));
-    run_ep(p, lw, in, dout.get(), ws.get(), comm, timer.stream());
-    LOOM_CUDA_CHECK(cudaStreamSynchronize(timer.stream()));
-    row.overflow = read_status(p, ws.get(), timer.stream()).overflow_routes;
-    if (b.check && t > 0 && row.flops / 1e9 <= b.max_cpu_gflop) {
-      // The one-GPU reference of these tokens (route rows rounded to bf16: the deterministic rule).
-      const LayerResult ref = layer_ref(all, hidden.data(), routes.topk, nullptr, true);
-      const std::vector<uint16_t> bits = dout.to_host<uint16_t>();
-      std::vector<float> got(size_t(t * s.hidden));
-      for (size_t i = 0; i < got.size(); ++i) got[i] = bf16_to_float(bf16{bits[i]});
-      row.rel_err = relative_error(got.data(), ref.out.data(), t, s.hidden).overall;
-    }
-    // Every rank replays as often as the others (the NCCL calls in the graphs pair up).
-    row.e2e = timer.time([&](cudaStream_t st, int) { run_ep(p, lw, in, dout.get(), ws.get(), comm, st); }, 1,
-                         L2Mode::flush, b.timer);
-    // The local experts alone, on the rows the last run received (the local plan's own workspace).
-    const EpPlan::Layout& L = p.layout;
-    auto* base = static_cast<uint8_t*>(ws.get());
-    Inputs li;
-    li.tokens = p.local.shape.tokens;
-    li.hidden = base + L.recv_x;
-    li.topk_ids = reinterpret_cast<const int32_t*>(base + L.recv_ids);
-    li.topk_weights = reinterpret_cast<const float*>(base + L.recv_w);
-    row.local = timer.time([&](cudaStream_t st, int) { run(p.local, lw, li, base + L.out_local, base + L.local, st); },
-                           1, L2Mode::flush, b.timer);
-    out << to_line(row) << "\n" << std::flush;
-  }
   nccl_check(ncclCommDestroy(comm), "ncclCommDestroy");
+  if (rank == 0)  // after the exchanges: the other ranks are done with their GPUs
+    for (const int64_t t : b.tokens) {
+      if (t < 1) continue;
+      const Stats one = one_gpu(all, b, timer, int64_t(opt.ranks) * t);
+      out << std::setprecision(9) << "one " << t << ' ' << one.median_us << ' ' << one.p10_us << ' ' << one.p90_us
+          << "\n" << std::flush;
+    }
 }
 
 std::string run_ep_bench(const EpBenchOptions& opt, const std::string& self, const std::vector<std::string>& argv,
@@ -211,38 +275,60 @@ std::string run_ep_bench(const EpBenchOptions& opt, const std::string& self, con
   if (!failed.empty()) throw Error("loom bench --ep: rank(s)" + failed + " failed (their errors are above)");
 
   std::vector<RankRow> rows;
+  std::map<int64_t, Stats> one;  // T per rank -> the one-GPU layer on P T tokens
   for (int r = 0; r < opt.ranks; ++r) {
     std::ifstream f(std::string(dir) + "/rank" + std::to_string(r));
-    for (std::string line; std::getline(f, line);)
-      if (!line.empty()) rows.push_back(from_line(line));
+    for (std::string line; std::getline(f, line);) {
+      if (line.rfind("one ", 0) == 0) {
+        std::istringstream l(line.substr(4));
+        int64_t t = 0;
+        Stats st;
+        if (!(l >> t >> st.median_us >> st.p10_us >> st.p90_us))
+          throw Error("loom bench --ep: rank 0 wrote an unreadable line: " + line);
+        one[t] = st;
+      } else if (!line.empty()) {
+        rows.push_back(from_line(line));
+      }
+    }
   }
   const Shape& s = opt.base.shape;
   std::ostringstream t;
   t << "expert parallelism: " << opt.ranks << " rank(s), one GPU and process each; " << describe(s)
     << " (T per rank); " << describe(opt.base.routing) << ", dist " << to_string(opt.base.dist)
     << "; graph replays, L2 flushed, median of " << opt.base.timer.reps << " [p10, p90], us\n";
-  t << "exchange = e2e - local (the rank's own experts on the rows it received, timed alone)\n";
+  t << "exchange = e2e - local (the rank's own experts on the rows it received, timed alone); parts: the\n"
+       "exchange and the local experts in that many chunks, overlapped (1: unsplit); one GPU: the layer on\n"
+       "P T tokens with every expert on one GPU, and how much faster the P ranks' slowest is\n";
   char line[256];
-  std::snprintf(line, sizeof line, "%8s %5s %26s %10s %10s %9s %9s %9s\n", "T/rank", "rank", "e2e [p10, p90]", "local",
-                "exchange", "overflow", "rel-err", "TFLOP/s");
+  std::snprintf(line, sizeof line, "%8s %5s %5s %26s %10s %10s %9s %9s %9s\n", "T/rank", "parts", "rank",
+                "e2e [p10, p90]", "local", "exchange", "overflow", "rel-err", "TFLOP/s");
   t << line;
-  for (const int64_t tok : opt.base.tokens) {
-    double slowest = 0, flops = 0;
-    for (const RankRow& r : rows) {
-      if (r.tokens != tok) continue;
-      std::ostringstream e2e;
-      e2e << std::fixed << std::setprecision(1) << r.e2e.median_us << " [" << r.e2e.p10_us << ", " << r.e2e.p90_us
-          << "]";
-      std::snprintf(line, sizeof line, "%8lld %5d %26s %10.1f %10.1f %9u %9s %9.1f\n", (long long)tok, r.rank,
-                    e2e.str().c_str(), r.local.median_us, r.e2e.median_us - r.local.median_us, r.overflow,
-                    sci(r.rel_err).c_str(), r.flops / r.e2e.median_us / 1e6);
+  for (const int chunks : opt.chunks) {
+    for (const int64_t tok : opt.base.tokens) {
+      double slowest = 0, flops = 0;
+      for (const RankRow& r : rows) {
+        if (r.tokens != tok || r.chunks != chunks) continue;
+        std::ostringstream e2e;
+        e2e << std::fixed << std::setprecision(1) << r.e2e.median_us << " [" << r.e2e.p10_us << ", " << r.e2e.p90_us
+            << "]";
+        std::snprintf(line, sizeof line, "%8lld %5d %5d %26s %10.1f %10.1f %9u %9s %9.1f\n", (long long)tok, chunks,
+                      r.rank, e2e.str().c_str(), r.local.median_us, r.e2e.median_us - r.local.median_us,
+                      r.overflow, sci(r.rel_err).c_str(), r.flops / r.e2e.median_us / 1e6);
+        t << line;
+        slowest = std::max(slowest, r.e2e.median_us);
+        flops += r.flops;
+      }
+      std::snprintf(line, sizeof line, "%8lld %5d %5s %26.1f %10s %10s %9s %9s %9.1f\n", (long long)tok, chunks, "all",
+                    slowest, "", "", "", "", slowest > 0 ? flops / slowest / 1e6 : 0.0);
       t << line;
-      slowest = std::max(slowest, r.e2e.median_us);
-      flops += r.flops;
+      if (one.count(tok) && slowest > 0) {
+        const Stats& o = one[tok];
+        std::snprintf(line, sizeof line, "%8lld %5d %5s %26s %10s %10s %9s %9s %9.1f  (%.2fx one GPU)\n", (long long)tok,
+                      chunks, "one", (std::to_string(int64_t(o.median_us + 0.5)) + " [P T tokens]").c_str(), "", "", "",
+                      "", flops / o.median_us / 1e6, o.median_us / slowest);
+        t << line;
+      }
     }
-    std::snprintf(line, sizeof line, "%8lld %5s %26.1f %10s %10s %9s %9s %9.1f\n", (long long)tok, "all", slowest, "",
-                  "", "", "", slowest > 0 ? flops / slowest / 1e6 : 0.0);
-    t << line;
   }
   log << "loom bench --ep: rank outputs in " << dir << "\n";
   return t.str();
