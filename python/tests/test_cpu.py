@@ -212,3 +212,11 @@ def test_ops_pass_opcheck_on_meta_tensors_and_out_compiles():
     compiled = torch.compile(layer, backend=counter, fullgraph=True, dynamic=True)
     assert compiled(**a, out=out).shape == (5, 256)
     assert counter.frame_count == 1
+
+
+def test_expert_parallel_needs_a_process_group():
+    import loom.dist as ldist
+    reason = ldist.available()
+    assert reason is None or "libloom_dist" in reason, reason
+    with pytest.raises(RuntimeError, match="process group"):
+        ldist.ExpertParallel(experts=16, topk=4, hidden=1024, inter=512, max_tokens=8)

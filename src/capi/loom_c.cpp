@@ -2,13 +2,12 @@
 // throws, maps it to a status code and keeps the message for loom_last_error() on this thread.
 #include "loom/loom_c.h"
 
-#include <algorithm>
 #include <cstring>
-#include <exception>
 #include <memory>
-#include <new>
 #include <string>
+#include <utility>
 
+#include "capi/capi_util.hpp"
 #include "common/build_info.hpp"
 #include "loom/loom.hpp"
 
@@ -23,68 +22,12 @@ namespace {
 
 thread_local std::string last_error;
 
-loom_status_code fail(loom_status_code code, const char* what) noexcept {
-  try {
-    last_error = what;
-  } catch (...) {  // no memory for the message: the code still says what failed
-    last_error.clear();
-  }
-  return code;
-}
-
-// Runs f, mapping exceptions to codes; clears the last error on success.
 template <class F>
 loom_status_code guarded(F&& f) {
-  try {
-    f();
-    last_error.clear();
-    return LOOM_OK;
-  } catch (const loom::CudaError& e) {
-    return fail(LOOM_ERROR_CUDA, e.what());
-  } catch (const loom::Error& e) {
-    return fail(LOOM_ERROR_INVALID_ARGUMENT, e.what());
-  } catch (const std::bad_alloc&) {
-    return fail(LOOM_ERROR_OUT_OF_MEMORY, "out of host memory");
-  } catch (const std::exception& e) {
-    return fail(LOOM_ERROR_INTERNAL, e.what());
-  } catch (...) {
-    return fail(LOOM_ERROR_INTERNAL, "unknown exception");
-  }
+  return loom::capi::guarded(last_error, std::forward<F>(f));
 }
 
-void require(const void* p, const char* what) {
-  if (p == nullptr) throw loom::Error(std::string(what) + " is NULL");
-}
-
-loom::Mode to_mode(int32_t m) {
-  if (m == LOOM_MODE_SINGLE) return loom::Mode::single;
-  if (m == LOOM_MODE_FFN) return loom::Mode::ffn;
-  throw loom::Error("mode must be LOOM_MODE_SINGLE or LOOM_MODE_FFN, got " + std::to_string(m));
-}
-
-loom::DType to_dtype(int32_t d) {
-  if (d == LOOM_DTYPE_FP8) return loom::DType::fp8;
-  if (d == LOOM_DTYPE_BF16) return loom::DType::bf16;
-  throw loom::Error("dtype must be LOOM_DTYPE_FP8 or LOOM_DTYPE_BF16, got " + std::to_string(d));
-}
-
-loom::Scoring to_scoring(int32_t s) {
-  if (s == LOOM_SCORING_SOFTMAX) return loom::Scoring::softmax;
-  if (s == LOOM_SCORING_SIGMOID) return loom::Scoring::sigmoid;
-  throw loom::Error("scoring must be LOOM_SCORING_SOFTMAX or LOOM_SCORING_SIGMOID, got " + std::to_string(s));
-}
-
-loom_shape_t from_shape(const loom::Shape& s) {
-  loom_shape_t c{};
-  c.tokens = s.tokens;
-  c.hidden = s.hidden;
-  c.inter = s.inter;
-  c.experts = s.experts;
-  c.topk = s.topk;
-  c.mode = s.mode == loom::Mode::ffn ? LOOM_MODE_FFN : LOOM_MODE_SINGLE;
-  c.dtype = s.dtype == loom::DType::bf16 ? LOOM_DTYPE_BF16 : LOOM_DTYPE_FP8;
-  return c;
-}
+using loom::capi::require;
 
 }  // namespace
 
@@ -127,29 +70,9 @@ loom_status_code loom_plan_create(const loom_shape_t* shape, const loom_routing_
     require(shape, "shape");
     require(routing, "routing");
     require(options, "options");
-    loom::Shape s;
-    s.tokens = shape->tokens;
-    s.hidden = shape->hidden;
-    s.inter = shape->inter;
-    s.experts = shape->experts;
-    s.topk = shape->topk;
-    s.mode = to_mode(shape->mode);
-    s.dtype = to_dtype(shape->dtype);
-    loom::Routing r;
-    r.scoring = to_scoring(routing->scoring);
-    r.softcap = routing->softcap;
-    r.renormalize = routing->renormalize != 0;
-    r.n_group = routing->n_group;
-    r.topk_group = routing->topk_group;
-    r.scale = routing->scale;
-    loom::Options o;
-    o.deterministic = options->deterministic != 0;
-    o.pdl = options->pdl != 0;
-    o.debug_checks = options->debug_checks != 0;
-    o.fuse_small_batch = options->fuse_small_batch != 0;
-    o.expert_bins = options->expert_bins != 0;
-    o.gemm_config = options->gemm_config ? options->gemm_config : "";
-    o.gemm2_config = options->gemm2_config ? options->gemm2_config : "";
+    const loom::Shape s = loom::capi::to_shape(*shape);
+    const loom::Routing r = loom::capi::to_routing(*routing);
+    const loom::Options o = loom::capi::to_options(*options);
     auto handle = std::make_unique<loom_plan_s>();
     handle->plan = device ? loom::plan(s, r, o, loom::device_spec(device)) : loom::plan(s, r, o);
     handle->workspace = loom::workspace_bytes(handle->plan);
@@ -165,21 +88,14 @@ loom_status_code loom_plan_shape(loom_plan_t plan, loom_shape_t* shape) {
   return guarded([&] {
     require(plan, "plan");
     require(shape, "shape");
-    *shape = from_shape(plan->plan.shape);
+    *shape = loom::capi::from_shape(plan->plan.shape);
   });
 }
 
 loom_status_code loom_plan_describe(loom_plan_t plan, char* buffer, size_t capacity, size_t* length) {
   return guarded([&] {
     require(plan, "plan");
-    if (capacity > 0) require(buffer, "buffer");
-    const std::string text = loom::describe(plan->plan);
-    if (length) *length = text.size();
-    if (capacity > 0) {
-      const size_t n = std::min(text.size(), capacity - 1);
-      std::memcpy(buffer, text.data(), n);
-      buffer[n] = '\0';
-    }
+    loom::capi::copy_text(loom::describe(plan->plan), buffer, capacity, length);
   });
 }
 
@@ -189,18 +105,8 @@ loom_status_code loom_run(loom_plan_t plan, const loom_weights_t* weights, const
     require(plan, "plan");
     require(weights, "weights");
     require(inputs, "inputs");
-    loom::Weights w;
-    w.w1 = weights->w1;
-    w.w1_scales = weights->w1_scales;
-    w.w2 = weights->w2;
-    w.w2_scales = weights->w2_scales;
-    loom::Inputs in;
-    in.tokens = inputs->tokens;
-    in.hidden = inputs->hidden;
-    in.router_logits = inputs->router_logits;
-    in.expert_bias = inputs->expert_bias;
-    in.topk_ids = inputs->topk_ids;
-    in.topk_weights = inputs->topk_weights;
+    const loom::Weights w = loom::capi::to_weights(*weights);
+    const loom::Inputs in = loom::capi::to_inputs(*inputs);
     loom::run(plan->plan, w, in, output, workspace, static_cast<cudaStream_t>(stream));
   });
 }
