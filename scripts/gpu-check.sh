@@ -15,6 +15,9 @@
 #                    `warp-probe`, `bf16-variants`; ~60 s; a build with the lab only)
 #   CHECK_BENCH      `loom bench` runs, ';'-separated argument lists (default: docs/perf/current.md's;
 #                    '-' none)
+#   CHECK_EP         `loom bench --ep <every GPU>` runs, ';'-separated (default: the qwen35-layer and
+#                    h200-bf16 rows of current.md's expert-parallelism table; '-' none; a build
+#                    with NCCL only)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 build=${BUILD_DIR:-build}
@@ -111,6 +114,18 @@ for run in "${runs[@]}"; do
   note "bench$i ($run): rc=$?"
   printf 'bench%s.json\t%s\n' "$i" "$run" >> "$out/logs/bench-manifest.tsv"
 done
+# Expert parallelism over every GPU of this machine (one process a GPU; issue 49).
+eps=()
+[ "${CHECK_EP:-}" != "-" ] && "$loom" help 2>&1 | grep -q -- "--ep N" &&
+  IFS=';' read -r -a eps <<< "${CHECK_EP:---preset qwen35-layer --tokens 128,4096 --ep-chunks 1,2;--preset h200-bf16 --tokens 1,64,2048}"
+gpus=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU')
+e=0
+for run in "${eps[@]}"; do
+  e=$((e + 1))
+  # shellcheck disable=SC2086
+  "$loom" bench --ep "$gpus" $run > "$out/logs/ep$e.txt" 2> "$out/logs/ep$e.err"
+  note "ep$e (--ep $gpus $run): rc=$?"
+done
 # The BF16 layer's peers (issue 47) on the preset h200-bf16's shape, beside loom's rows of the
 # same shape where a bench run above measured them.
 if [ -z "${SKIP_PYTHON:-}" ] && python3 -c "import torch" 2>/dev/null; then
@@ -131,5 +146,6 @@ cp "$out/logs/summary.txt" "$out/summary.txt"
 rm -rf "$out/logs"
 for f in peaks skeleton gather-probe stream-probe warp-probe; do tar -xzOf "$out/gpu-check.tar.gz" "logs/$f.txt" 2>/dev/null; done
 for j in $(seq 1 $i); do tar -xzOf "$out/gpu-check.tar.gz" "logs/bench$j.txt" 2>/dev/null; done
+for j in $(seq 1 $e); do tar -xzOf "$out/gpu-check.tar.gz" "logs/ep$j.txt" 2>/dev/null; done
 echo "---- summary"
 cat "$out/summary.txt"

@@ -27,8 +27,14 @@ sanitize_one() {
   start=$(date +%s)
   left=$(( deadline - start ))
   if [ "$left" -le 5 ]; then printf '%s\t%s\tunrun\t0\n' "$tool" "$test" >> "$results"; return; fi
+  # NCCL's communicator set-up asks CUDA about kernels it has no image for on this GPU
+  # (cudaFuncGetAttributes -> cudaErrorNoKernelImageForDevice, 8 times a communicator): API errors
+  # inside NCCL, not loom's, so the tests that make communicators run without API-error reports
+  # (loom's own calls are checked by the tests themselves: LOOM_CUDA_CHECK).
+  local extra=()
+  case $test in EpLayerGpu.*) extra=(--report-api-errors no) ;; esac
   LOOM_SANITIZER=$tool timeout "$left" compute-sanitizer --tool "$tool" --error-exitcode 9 --print-limit 20 \
-    "$bin" --gtest_filter="$test" > "$log" 2>&1
+    "${extra[@]}" "$bin" --gtest_filter="$test" > "$log" 2>&1
   rc=$?
   case $rc in
     0) outcome=clean ;; 9) outcome=errors ;; 124) outcome=timeout ;; *) outcome="test-failed(rc=$rc)" ;;

@@ -257,7 +257,9 @@ class ExpertParallel:
                 "overflow_routes": int(st.overflow_routes)}
 
     def close(self) -> None:
-        """Frees the plan and the communicator (every rank together: NCCL's destroy may wait for peers)."""
+        """Frees the plan and the communicator, every rank together (NCCL's destroy may wait for the
+        peers). Drop every CUDA graph that captured this layer first: NCCL's destroy waits until no
+        graph holds its calls."""
         lib = _dlib
         if lib is None:
             return
