@@ -120,11 +120,13 @@ eps=()
   IFS=';' read -r -a eps <<< "${CHECK_EP:---preset qwen35-layer --tokens 128,4096 --ep-chunks 1,2;--preset h200-bf16 --tokens 1,64,2048}"
 gpus=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU')
 e=0
+: > "$out/logs/ep-manifest.tsv"
 for run in "${eps[@]}"; do
   e=$((e + 1))
   # shellcheck disable=SC2086
   "$loom" bench --ep "$gpus" $run > "$out/logs/ep$e.txt" 2> "$out/logs/ep$e.err"
   note "ep$e (--ep $gpus $run): rc=$?"
+  printf 'ep%s.txt\t--ep %s %s\n' "$e" "$gpus" "$run" >> "$out/logs/ep-manifest.tsv"
 done
 # The BF16 layer's peers (issue 47) on the preset h200-bf16's shape, beside loom's rows of the
 # same shape where a bench run above measured them.

@@ -9,7 +9,8 @@ the GEMM config launched and the launches before it, end-to-end / GEMM-alone / g
 cold-L2 graph replays), the floor measured in the same run and the ratio, TFLOP/s on compact routed
 rows, and for the ffn layer its stages timed alone, with the commit and the command that reproduce
 the row. A tools/torch_bench.py JSON beside the manifest (torch_bench.json) adds the Python front's
-table.
+table; an ep-manifest.tsv (the `loom bench --ep` tables, one file a line, a tab, the arguments)
+adds expert parallelism's tables as printed.
 """
 import json
 import os
@@ -106,6 +107,15 @@ def main():
             out.append(f"| {r['tokens']} | {cell('grouped_mm_us')} | {cell('cublas_per_expert_us')} | "
                        f"{cell('loom_gemm_us')} | {cell('loom_e2e_us')} |")
         out.append("")
+    ep = os.path.join(base, "ep-manifest.tsv")  # expert parallelism's runs, where gpu-check ran them
+    if os.path.exists(ep):
+        for line in open(ep):
+            name, _, args = line.rstrip("\n").partition("\t")
+            path = os.path.join(base, name)
+            if not name or not os.path.exists(path):
+                continue
+            table = [l.rstrip() for l in open(path) if l.strip()]
+            out += [f"## `loom bench {args}` (expert parallelism)", "", "```", *table, "```", ""]
     front = os.path.join(base, "torch_bench.json")  # the Python front's cost, where gpu-check ran it
     if os.path.exists(front):
         t = json.load(open(front))

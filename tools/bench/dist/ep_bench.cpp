@@ -15,6 +15,7 @@
 #include "bench/device_buffer.hpp"
 #include "bench/timer.hpp"
 #include "common/bf16.hpp"
+#include "common/build_info.hpp"
 #include "common/cuda_check.hpp"
 #include "common/device_info.hpp"
 #include "dist/ep_routes_ref.hpp"
@@ -295,7 +296,8 @@ std::string run_ep_bench(const EpBenchOptions& opt, const std::string& self, con
   std::ostringstream t;
   t << "expert parallelism: " << opt.ranks << " rank(s), one GPU and process each; " << describe(s)
     << " (T per rank); " << describe(opt.base.routing) << ", dist " << to_string(opt.base.dist)
-    << "; graph replays, L2 flushed, median of " << opt.base.timer.reps << " [p10, p90], us\n";
+    << "; graph replays, L2 flushed, median of " << opt.base.timer.reps << " [p10, p90], us; commit "
+    << build_commit() << "\n";
   t << "exchange = e2e - local (the rank's own experts on the rows it received, timed alone); parts: the\n"
        "exchange and the local experts in that many chunks, overlapped (1: unsplit); one GPU: the layer on\n"
        "P T tokens with every expert on one GPU, and how much faster the P ranks' slowest is\n";
