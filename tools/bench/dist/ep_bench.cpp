@@ -294,9 +294,10 @@ std::string run_ep_bench(const EpBenchOptions& opt, const std::string& self, con
   }
   const Shape& s = opt.base.shape;
   std::ostringstream t;
-  t << "expert parallelism: " << opt.ranks << " rank(s), one GPU and process each; " << describe(s)
-    << " (T per rank); " << describe(opt.base.routing) << ", dist " << to_string(opt.base.dist)
-    << "; graph replays, L2 flushed, median of " << opt.base.timer.reps << " [p10, p90], us; commit "
+  const std::string shape = describe(s);  // "T=... H=...": T is each row's own here
+  t << "expert parallelism: " << opt.ranks << " rank(s), one GPU and process each; "
+    << shape.substr(shape.find(' ') + 1) << "; " << describe(opt.base.routing) << ", dist "
+    << to_string(opt.base.dist) << "; graph replays, L2 flushed, median of " << opt.base.timer.reps << " [p10, p90], us; commit "
     << build_commit() << "\n";
   t << "exchange = e2e - local (the rank's own experts on the rows it received, timed alone); parts: the\n"
        "exchange and the local experts in that many chunks, overlapped (1: unsplit); one GPU: the layer on\n"
