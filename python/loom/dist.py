@@ -59,7 +59,10 @@ def _load() -> ctypes.CDLL:
     if not path.is_file():
         raise ImportError(f"loom: expert parallelism needs libloom_dist.so (a build with NCCL); not at {path} "
                           "(set LOOM_DIST_LIBRARY)")
-    lib = ctypes.CDLL(str(path))
+    try:
+        lib = ctypes.CDLL(str(path))
+    except OSError as e:  # NCCL's library missing, say
+        raise ImportError(f"loom: cannot load libloom_dist.so ({path}): {e}") from e
     lib.loom_ep_abi_version.restype = ctypes.c_uint32
     if lib.loom_ep_abi_version() != _lib.ABI_VERSION:
         raise ImportError(f"loom: {path} has C ABI version {lib.loom_ep_abi_version()}, this package expects "
@@ -99,7 +102,7 @@ def available() -> Optional[str]:
     """None when expert parallelism can run here (libloom_dist.so loads), else why not."""
     try:
         _dist_lib()
-    except (ImportError, OSError) as e:
+    except ImportError as e:
         return str(e)
     return None
 
