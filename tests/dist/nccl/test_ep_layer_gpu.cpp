@@ -270,7 +270,8 @@ TEST(EpLayerGpu, RejectsBadPlansAndCommunicators) {
   ncclCommDestroy(comm);
 }
 
-// P ranks on P GPUs, a thread each; rank 1 has no tokens when P > 2; unsplit and in three parts.
+// P ranks on P GPUs, a thread each; rank 1 has no tokens when P > 2; unsplit and in three parts;
+// eagerly and from graph replays.
 TEST(EpLayerGpu, RanksEqualTheLayerOnAllTheirTokens) {
   LOOM_REQUIRE_GPU();
   int gpus = 0;
@@ -353,6 +354,19 @@ TEST(EpLayerGpu, RanksEqualTheLayerOnAllTheirTokens) {
           const EpStatus st = read_status(p, ws.get(), stream);
           if (st.overflow_routes) throw Error("overflow " + std::to_string(st.overflow_routes));
           got[size_t(r)] = to_bits(out, l.shape.tokens * l.shape.hidden);
+          // Every rank captures its run and replays it twice (the ranks' NCCL calls pair up).
+          cudaGraph_t graph = nullptr;
+          cudaGraphExec_t exec = nullptr;
+          LOOM_CUDA_CHECK(cudaMemsetAsync(out.get(), 0xff, out.bytes(), stream));
+          LOOM_CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+          run_ep(p, wv, in, out.get(), ws.get(), comm, stream);
+          LOOM_CUDA_CHECK(cudaStreamEndCapture(stream, &graph));
+          LOOM_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
+          for (int i = 0; i < 2; ++i) LOOM_CUDA_CHECK(cudaGraphLaunch(exec, stream));
+          LOOM_CUDA_CHECK(cudaStreamSynchronize(stream));
+          if (to_bits(out, l.shape.tokens * l.shape.hidden) != got[size_t(r)]) throw Error("the graph replay differs");
+          LOOM_CUDA_CHECK(cudaGraphExecDestroy(exec));
+          LOOM_CUDA_CHECK(cudaGraphDestroy(graph));
           LOOM_CUDA_CHECK(cudaStreamDestroy(stream));
           ncclCommDestroy(comm);
         } catch (const std::exception& e) {
