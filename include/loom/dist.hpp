@@ -64,7 +64,7 @@ struct EpPlan {
   Routing routing;
   Options options;
   ExpertParallel ep;
-  int64_t rows_per_peer = 0;  // a multiple of chunks
+  int64_t rows_per_peer = 0;  // with chunks > 1, chunks times a multiple of 4
   int chunks = 1;
   int64_t chunk_rows = 0;  // rows_per_peer / chunks: a peer's rows in one part
   int comm_sms = 0;        // SMs left to NCCL (0 when chunks = 1)

@@ -313,6 +313,7 @@ void run_ep(const EpPlan& p, const Weights& local, const Inputs& in, void* outpu
     // NCCL on the exchange stream, in the same order on every rank: all parts out, then each
     // part's outputs back once its GEMMs are done. The GEMMs stay on `stream`, so part c + 1's
     // rows travel while part c computes, and part c's outputs travel while part c + 1 computes.
+    if (!p.streams) throw Error("run_ep: the plan has no exchange stream (make plans with plan_ep)");
     p.streams->ensure(C);
     const cudaStream_t ex = p.streams->exchange;
     const std::vector<cudaEvent_t>& ev = p.streams->events;
