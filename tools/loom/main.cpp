@@ -10,6 +10,7 @@
 #include "bench/bench.hpp"
 #ifdef LOOM_HAVE_DIST
 #include "bench/dist/ep_bench.hpp"
+#include "loom/dist.hpp"
 #endif
 #include "bench/peaks.hpp"
 #include "common/build_info.hpp"
@@ -31,7 +32,8 @@ usage:
   loom info [options]    show the device and the plan loom would use for a shape: what each range
                          of token counts launches, and the GEMM configs; --device h200|h100 plans
                          for a described device (no GPU needed), --gemm-config and
-                         --gemm2-config KEY as in bench
+                         --gemm2-config KEY as in bench; --ep N [--ep-rank r --rows-per-peer R
+                         --ep-chunks C --comm-sms S] one rank's expert-parallel plan
   loom help              this text
 
 workload options (bench, info):
@@ -220,7 +222,7 @@ int cmd_peaks(int argc, char** argv) {
 
 int cmd_info(int argc, char** argv) {
   std::set<std::string> valued = kWorkloadFlags;
-  valued.insert({"device", "gemm-config", "gemm2-config"});
+  valued.insert({"device", "gemm-config", "gemm2-config", "ep", "ep-rank", "rows-per-peer", "ep-chunks", "comm-sms"});
   const Args a(rest(argc, argv), valued, {"no-renorm", "sweep", "deterministic", "no-pdl", "no-fuse", "no-bins"});
   const Workload w = parse_workload(a);
   std::cout << "loom " << loom::build_commit() << "\n";
@@ -255,6 +257,20 @@ int cmd_info(int argc, char** argv) {
   if (!spec) {
     std::cout << "plan: none without a device\n";
     return 0;
+  }
+  if (a.has("ep")) {  // one rank's expert-parallel plan, its placement and what it reserves
+#ifdef LOOM_HAVE_DIST
+    loom::ExpertParallel ep;
+    ep.size = int(a.integer("ep", 1));
+    ep.rank = int(a.integer("ep-rank", 0));
+    ep.rows_per_peer = a.integer("rows-per-peer", 0);
+    ep.chunks = int(a.integer("ep-chunks", 1));
+    ep.comm_sms = int(a.integer("comm-sms", -1));
+    std::cout << loom::describe(loom::plan_ep(s, w.routing, opt, ep, *spec));
+    return 0;
+#else
+    throw Error("--ep needs a build with NCCL (libloom_dist)");
+#endif
   }
   try {
     const loom::Plan p = loom::plan(s, w.routing, opt, *spec);

@@ -180,9 +180,15 @@ std::string describe(const EpPlan& p) {
   if (p.chunks > 1)
     parts = " in " + std::to_string(p.chunks) + " parts of " + std::to_string(p.chunk_rows) + ", the local GEMMs on " +
             std::to_string(p.local.sm_count) + " SMs";
+  const EpPlan::Layout& L = p.layout;
+  auto mib = [](size_t bytes) { return std::to_string((bytes + (1 << 19)) >> 20) + " MiB"; };
+  const std::string memory = "workspace " + mib(L.total) + ": rows sent " + mib(L.recv_x - L.send_x) +
+                             ", received " + mib(L.out_local - L.recv_x) + ", outputs " +
+                             mib(L.local - L.out_local) + " (both ways), the local plan's " +
+                             mib(L.total - L.local) + ", routing tables " + mib(L.send_x);
   return "expert parallelism: " + dist::describe(dist::make_placement(p.shape.experts, c)) + "; " +
-         std::to_string(p.rows_per_peer) + " rows per peer" + parts + "; " + describe(p.shape) + "\nlocal plan:\n" +
-         describe(p.local);
+         std::to_string(p.rows_per_peer) + " rows per peer" + parts + "; " + describe(p.shape) + "\n" + memory +
+         "\nlocal plan:\n" + describe(p.local);
 }
 
 void run_ep(const EpPlan& p, const Weights& local, const Inputs& in, void* output, void* workspace, ncclComm_t comm,
