@@ -168,7 +168,8 @@ class ExpertParallel:
         o.deterministic = 1
         ep = _Ep()
         lib.loom_ep_default(ctypes.byref(ep))
-        ep.size, ep.rank, ep.rows_per_peer, ep.chunks, ep.comm_sms = self.size, self.rank, rows_per_peer, chunks, comm_sms
+        ep.size, ep.rank, ep.rows_per_peer = self.size, self.rank, rows_per_peer
+        ep.chunks, ep.comm_sms = chunks, comm_sms
         if expert_rank is not None:
             owners = (ctypes.c_int32 * len(expert_rank))(*[int(q) for q in expert_rank])
             ep.expert_rank, ep.expert_rank_count = owners, len(expert_rank)

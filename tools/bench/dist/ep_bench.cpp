@@ -42,8 +42,9 @@ struct RankRow {
 
 std::string to_line(const RankRow& r) {
   std::ostringstream s;
-  s << std::setprecision(9) << r.rank << ' ' << r.chunks << ' ' << r.tokens << ' ' << r.e2e.median_us << ' ' << r.e2e.p10_us << ' '
-    << r.e2e.p90_us << ' ' << r.local.median_us << ' ' << r.rel_err << ' ' << r.flops << ' ' << r.overflow;
+  s << std::setprecision(9) << r.rank << ' ' << r.chunks << ' ' << r.tokens << ' ' << r.e2e.median_us << ' '
+    << r.e2e.p10_us << ' ' << r.e2e.p90_us << ' ' << r.local.median_us << ' ' << r.rel_err << ' ' << r.flops << ' '
+    << r.overflow;
   return s.str();
 }
 
@@ -297,7 +298,8 @@ std::string run_ep_bench(const EpBenchOptions& opt, const std::string& self, con
   const std::string shape = describe(s);  // "T=... H=...": T is each row's own here
   t << "expert parallelism: " << opt.ranks << " rank(s), one GPU and process each; "
     << shape.substr(shape.find(' ') + 1) << "; " << describe(opt.base.routing) << ", dist "
-    << to_string(opt.base.dist) << "; graph replays, L2 flushed, median of " << opt.base.timer.reps << " [p10, p90], us; commit "
+    << to_string(opt.base.dist) << "; graph replays, L2 flushed, median of " << opt.base.timer.reps
+    << " [p10, p90], us; commit "
     << build_commit() << "\n";
   t << "exchange = e2e - local (the rank's own experts on the rows it received, timed alone); parts: the\n"
        "exchange and the local experts in that many chunks, overlapped (1: unsplit); one GPU: the layer on\n"
@@ -326,9 +328,10 @@ std::string run_ep_bench(const EpBenchOptions& opt, const std::string& self, con
       t << line;
       if (one.count(tok) && slowest > 0) {
         const Stats& o = one[tok];
-        std::snprintf(line, sizeof line, "%8lld %5d %5s %26s %10s %10s %9s %9s %9.1f  (%.2fx one GPU)\n", (long long)tok,
-                      chunks, "one", (std::to_string(int64_t(o.median_us + 0.5)) + " [P T tokens]").c_str(), "", "", "",
-                      "", flops / o.median_us / 1e6, o.median_us / slowest);
+        std::snprintf(line, sizeof line, "%8lld %5d %5s %26s %10s %10s %9s %9s %9.1f  (%.2fx one GPU)\n",
+                      (long long)tok, chunks, "one",
+                      (std::to_string(int64_t(o.median_us + 0.5)) + " [P T tokens]").c_str(), "", "", "", "",
+                      flops / o.median_us / 1e6, o.median_us / slowest);
         t << line;
       }
     }
