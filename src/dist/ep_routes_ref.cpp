@@ -38,6 +38,58 @@ SendLayout send_layout_ref(const Placement& p, const int32_t* ids, int64_t token
   return s;
 }
 
+TokenSendLayout send_tokens_ref(const Placement& p, const int32_t* ids, int64_t tokens, int64_t topk) {
+  if (tokens < 0 || topk < 1) throw Error("send_tokens_ref: tokens must be >= 0 and topk >= 1");
+  TokenSendLayout s;
+  s.counts.assign(size_t(p.ranks), 0);
+  s.return_row.assign(size_t(tokens * topk), -1);
+  auto owner_of = [&](int64_t slot) {
+    const int32_t e = ids[slot];
+    return e < 0 || e >= p.experts ? -1 : p.owner[size_t(e)];
+  };
+  std::vector<int64_t> routes_to(size_t(p.ranks), 0);  // routes to each rank so far, slot order
+  for (int64_t t = 0; t < tokens; ++t) {
+    std::vector<char> sends(size_t(p.ranks), 0);
+    for (int64_t j = 0; j < topk; ++j) {
+      const int q = owner_of(t * topk + j);
+      if (q < 0) {
+        ++s.dropped;
+        continue;
+      }
+      sends[size_t(q)] = 1;
+      s.return_row[size_t(t * topk + j)] = int32_t(routes_to[size_t(q)]++);
+    }
+    for (int q = 0; q < p.ranks; ++q) s.counts[size_t(q)] += sends[size_t(q)];
+  }
+  s.offsets.assign(size_t(p.ranks) + 1, 0);
+  for (int q = 0; q < p.ranks; ++q) s.offsets[size_t(q) + 1] = s.offsets[size_t(q)] + s.counts[size_t(q)];
+  s.token.resize(size_t(s.offsets.back()));
+  s.local_ids.assign(size_t(s.offsets.back() * topk), -1);
+  std::vector<int64_t> next(s.offsets.begin(), s.offsets.end() - 1);
+  for (int64_t t = 0; t < tokens; ++t) {  // token order within each destination
+    std::vector<int64_t> row(size_t(p.ranks), -1);
+    for (int64_t j = 0; j < topk; ++j) {
+      const int q = owner_of(t * topk + j);
+      if (q < 0) continue;
+      if (row[size_t(q)] < 0) {
+        row[size_t(q)] = next[size_t(q)]++;
+        s.token[size_t(row[size_t(q)])] = int32_t(t);
+      }
+      s.local_ids[size_t(row[size_t(q)] * topk + j)] = p.local_index[size_t(ids[t * topk + j])];
+    }
+  }
+  return s;
+}
+
+std::vector<int32_t> owner_return_rows_ref(const int32_t* local_ids, int64_t rows, int64_t topk) {
+  if (rows < 0 || topk < 1) throw Error("owner_return_rows_ref: rows must be >= 0 and topk >= 1");
+  std::vector<int32_t> out(size_t(rows * topk), -1);
+  int32_t next = 0;
+  for (int64_t i = 0; i < rows * topk; ++i)
+    if (local_ids[i] >= 0) out[size_t(i)] = next++;
+  return out;
+}
+
 RecvLayout recv_layout_ref(const std::vector<int64_t>& counts_from) {
   RecvLayout l;
   l.offsets.assign(counts_from.size() + 1, 0);

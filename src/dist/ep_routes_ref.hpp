@@ -30,6 +30,28 @@ struct SendLayout {
 // ids: [T, k] global expert ids of this rank's tokens.
 SendLayout send_layout_ref(const Placement& p, const int32_t* ids, int64_t tokens, int64_t topk);
 
+// The token form (the next device form, journal session 49): each token goes once to each rank
+// that owns one of its experts, with its k slots' local expert ids, -1 in the slots that rank does
+// not own; the owner returns one row per route. A rank's send rows are grouped by destination
+// (ascending), within one in token order.
+struct TokenSendLayout {
+  std::vector<int64_t> counts;     // [P] tokens this rank sends to each rank
+  std::vector<int64_t> offsets;    // [P + 1]
+  std::vector<int32_t> token;      // [rows] each send row's token
+  std::vector<int32_t> local_ids;  // [rows, k] each slot's local expert on the destination, or -1
+  // [T k] each route's row in its owner's return segment: its place among this rank's routes to
+  // that owner in slot order (SendLayout::position minus the owner's offset); -1 when dropped.
+  std::vector<int32_t> return_row;
+  int64_t dropped = 0;
+};
+TokenSendLayout send_tokens_ref(const Placement& p, const int32_t* ids, int64_t tokens, int64_t topk);
+
+// The owner's side of one source's segment: rows token rows of k local ids (-1 = not this rank's);
+// each valid slot, in row order and slot order within a row, takes the next return row. [rows, k],
+// -1 where the slot is not valid. For every route this equals the sender's return_row, with no
+// count exchanged: the invariant the token form rests on.
+std::vector<int32_t> owner_return_rows_ref(const int32_t* local_ids, int64_t rows, int64_t topk);
+
 // A rank's received rows: counts_from[q] rows from rank q, at offsets[q].
 struct RecvLayout {
   std::vector<int64_t> offsets;  // [P + 1]

@@ -1,5 +1,6 @@
-// Expert parallelism's CPU reference: the send layout by hand and by its invariants, and all P
-// ranks of a layer run on the CPU equal to the one-GPU layer's reference, bit for bit.
+// Expert parallelism's CPU reference: the send layout by hand and by its invariants, the token
+// form's layout and its owner-side return rows, and all P ranks of a layer run on the CPU equal to
+// the one-GPU layer's reference, bit for bit.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -76,6 +77,80 @@ TEST(EpRoutesRef, SendLayoutInvariants) {
     for (int q = 0; q < P; ++q)  // slot order within each destination
       for (int64_t row = s.offsets[size_t(q)] + 1; row < s.offsets[size_t(q) + 1]; ++row)
         EXPECT_LT(s.slot[size_t(row - 1)], s.slot[size_t(row)]);
+  }
+}
+
+TEST(EpRoutesRef, TokenFormHandCase) {
+  // The hand case above, each token sent once per owner: rank 0 gets tokens 0, 1, 2; rank 1
+  // tokens 0, 1. Each route's return row is its place among the routes to its owner.
+  EpConfig c;
+  c.size = 2;
+  const Placement p = make_placement(4, c);
+  const int32_t ids[] = {2, 0, 3, 1, 0, 5};
+  const TokenSendLayout s = send_tokens_ref(p, ids, 3, 2);
+  EXPECT_EQ(s.counts, (Longs{3, 2}));
+  EXPECT_EQ(s.offsets, (Longs{0, 3, 5}));
+  EXPECT_EQ(s.token, (Ints{0, 1, 2, 0, 1}));
+  EXPECT_EQ(s.local_ids, (Ints{-1, 0, -1, 1, 0, -1, 0, -1, 1, -1}));
+  EXPECT_EQ(s.return_row, (Ints{0, 0, 1, 1, 2, -1}));
+  EXPECT_EQ(s.dropped, 1);
+  EXPECT_EQ(owner_return_rows_ref(s.local_ids.data(), 3, 2), (Ints{-1, 0, -1, 1, 2, -1}));
+  EXPECT_EQ(owner_return_rows_ref(s.local_ids.data() + 6, 2, 2), (Ints{0, -1, 1, -1}));
+}
+
+// The token form's invariant: the owner, counting the valid slots of the token rows it received,
+// finds every route's return row where the sender expects it; the rows are the route form's.
+TEST(EpRoutesRef, TokenFormOwnerFindsTheSendersReturnRows) {
+  LOOM_FRESH_SEED();
+  Rng rng(seed);
+  for (int trial = 0; trial < 30; ++trial) {
+    const int64_t E = 1 + int64_t(rng.below(40)), k = 1 + int64_t(rng.below(8));
+    const int P = 1 + int(rng.below(uint64_t(std::min<int64_t>(E, 8))));
+    const int64_t T = int64_t(rng.below(60));
+    EpConfig c;
+    c.size = P;
+    if (trial % 2) {
+      c.expert_rank.resize(size_t(E));
+      for (int64_t e = 0; e < E; ++e) c.expert_rank[size_t(e)] = e < P ? int32_t(e) : int32_t(rng.below(uint64_t(P)));
+    }
+    const Placement p = make_placement(E, c);
+    Ints ids(size_t(T * k));
+    for (auto& id : ids) id = int32_t(rng.below(uint64_t(E + 2))) - 1;  // -1 and E: out of range
+    const TokenSendLayout s = send_tokens_ref(p, ids.data(), T, k);
+    const SendLayout routes = send_layout_ref(p, ids.data(), T, k);
+    EXPECT_EQ(s.dropped, routes.dropped);
+    for (int64_t r = 0; r < T * k; ++r) {  // the route form's place among the owner's routes
+      const int32_t e = ids[size_t(r)];
+      const int32_t want =
+          e < 0 || e >= E ? -1 : int32_t(routes.position[size_t(r)] - routes.offsets[size_t(p.owner[size_t(e)])]);
+      ASSERT_EQ(s.return_row[size_t(r)], want) << "route " << r;
+    }
+    std::vector<int> seen(size_t(T * k), 0);
+    for (int q = 0; q < P; ++q) {
+      const int64_t first = s.offsets[size_t(q)], rows = s.counts[size_t(q)];
+      const Ints owner = owner_return_rows_ref(s.local_ids.data() + first * k, rows, k);
+      int64_t valid = 0;
+      for (int64_t i = 0; i < rows; ++i) {
+        const int32_t t = s.token[size_t(first + i)];
+        if (i > 0) {
+          EXPECT_LT(s.token[size_t(first + i - 1)], t) << "token order within rank " << q;
+        }
+        int64_t mine = 0;
+        for (int64_t j = 0; j < k; ++j) {
+          const int32_t e = ids[size_t(t * k + j)], local = s.local_ids[size_t((first + i) * k + j)];
+          const bool owned = e >= 0 && e < E && p.owner[size_t(e)] == q;
+          ASSERT_EQ(local, owned ? p.local_index[size_t(e)] : -1) << "rank " << q << " row " << i << " slot " << j;
+          if (!owned) continue;
+          ++mine;
+          ++seen[size_t(t * k + j)];
+          ASSERT_EQ(owner[size_t(i * k + j)], s.return_row[size_t(t * k + j)]) << "rank " << q << " token " << t;
+        }
+        EXPECT_GT(mine, 0) << "a token row with no route to rank " << q;
+        valid += mine;
+      }
+      EXPECT_EQ(valid, routes.counts[size_t(q)]);
+    }
+    for (int64_t r = 0; r < T * k; ++r) EXPECT_EQ(seen[size_t(r)], s.return_row[size_t(r)] >= 0 ? 1 : 0) << r;
   }
 }
 
