@@ -116,6 +116,21 @@ std::vector<uint16_t> one_gpu(const Layer& l, const DeviceWeights& dw, bool from
   return to_bits(out, l.shape.tokens * l.shape.hidden);
 }
 
+// Captures one run_ep on `stream` into a graph, replays it `replays` times and waits.
+void replay_captured(const EpPlan& p, const Weights& w, const Inputs& in, void* out, void* ws, ncclComm_t comm,
+                     cudaStream_t stream, int replays) {
+  cudaGraph_t graph = nullptr;
+  cudaGraphExec_t exec = nullptr;
+  LOOM_CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+  run_ep(p, w, in, out, ws, comm, stream);
+  LOOM_CUDA_CHECK(cudaStreamEndCapture(stream, &graph));
+  LOOM_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
+  for (int i = 0; i < replays; ++i) LOOM_CUDA_CHECK(cudaGraphLaunch(exec, stream));
+  LOOM_CUDA_CHECK(cudaStreamSynchronize(stream));
+  LOOM_CUDA_CHECK(cudaGraphExecDestroy(exec));
+  LOOM_CUDA_CHECK(cudaGraphDestroy(graph));
+}
+
 ncclComm_t one_rank_comm() {
   setenv("NCCL_NVLS_ENABLE", "0", 1);
   ncclUniqueId id;
@@ -164,18 +179,9 @@ TEST(EpLayerGpu, OneRankEqualsTheLayer) {
         EXPECT_LE(e.worst_row, 1e-2) << "worst token row " << e.worst_row_index;
       }
       // A graph replay of the run gives the same bits.
-      cudaGraph_t graph = nullptr;
-      cudaGraphExec_t exec = nullptr;
       test::fill(out.get(), 0xff, out.bytes());
-      LOOM_CUDA_CHECK(cudaStreamBeginCapture(stream.get(), cudaStreamCaptureModeThreadLocal));
-      run_ep(p, dw.view(), in, out.get(), ws.get(), comm, stream.get());
-      LOOM_CUDA_CHECK(cudaStreamEndCapture(stream.get(), &graph));
-      LOOM_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
-      LOOM_CUDA_CHECK(cudaGraphLaunch(exec, stream.get()));
-      LOOM_CUDA_CHECK(cudaStreamSynchronize(stream.get()));
+      replay_captured(p, dw.view(), in, out.get(), ws.get(), comm, stream.get(), 1);
       EXPECT_TRUE(to_bits(out, l.shape.tokens * l.shape.hidden) == got) << "the graph replay differs";
-      LOOM_CUDA_CHECK(cudaGraphExecDestroy(exec));
-      LOOM_CUDA_CHECK(cudaGraphDestroy(graph));
     }
   }
   ncclCommDestroy(comm);
@@ -206,18 +212,9 @@ TEST(EpLayerGpu, PartsEqualTheLayer) {
     LOOM_CUDA_CHECK(cudaStreamSynchronize(stream.get()));
     EXPECT_TRUE(to_bits(out, l.shape.tokens * l.shape.hidden) == want) << "differs from the one-GPU layer";
     EXPECT_EQ(read_status(p, ws.get(), stream.get()).overflow_routes, 0u);
-    cudaGraph_t graph = nullptr;
-    cudaGraphExec_t exec = nullptr;
     test::fill(out.get(), 0xff, out.bytes());
-    LOOM_CUDA_CHECK(cudaStreamBeginCapture(stream.get(), cudaStreamCaptureModeThreadLocal));
-    run_ep(p, dw.view(), d.in, out.get(), ws.get(), comm, stream.get());
-    LOOM_CUDA_CHECK(cudaStreamEndCapture(stream.get(), &graph));
-    LOOM_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
-    for (int i = 0; i < 3; ++i) LOOM_CUDA_CHECK(cudaGraphLaunch(exec, stream.get()));
-    LOOM_CUDA_CHECK(cudaStreamSynchronize(stream.get()));
+    replay_captured(p, dw.view(), d.in, out.get(), ws.get(), comm, stream.get(), 3);
     EXPECT_TRUE(to_bits(out, l.shape.tokens * l.shape.hidden) == want) << "the graph replay differs";
-    LOOM_CUDA_CHECK(cudaGraphExecDestroy(exec));
-    LOOM_CUDA_CHECK(cudaGraphDestroy(graph));
     Inputs none = d.in;  // no tokens: the (empty) segments still travel, nothing is written
     none.tokens = 0;
     run_ep(p, dw.view(), none, out.get(), ws.get(), comm, stream.get());
@@ -355,18 +352,9 @@ TEST(EpLayerGpu, RanksEqualTheLayerOnAllTheirTokens) {
           if (st.overflow_routes) throw Error("overflow " + std::to_string(st.overflow_routes));
           got[size_t(r)] = to_bits(out, l.shape.tokens * l.shape.hidden);
           // Every rank captures its run and replays it twice (the ranks' NCCL calls pair up).
-          cudaGraph_t graph = nullptr;
-          cudaGraphExec_t exec = nullptr;
           LOOM_CUDA_CHECK(cudaMemsetAsync(out.get(), 0xff, out.bytes(), stream));
-          LOOM_CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
-          run_ep(p, wv, in, out.get(), ws.get(), comm, stream);
-          LOOM_CUDA_CHECK(cudaStreamEndCapture(stream, &graph));
-          LOOM_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
-          for (int i = 0; i < 2; ++i) LOOM_CUDA_CHECK(cudaGraphLaunch(exec, stream));
-          LOOM_CUDA_CHECK(cudaStreamSynchronize(stream));
+          replay_captured(p, wv, in, out.get(), ws.get(), comm, stream, 2);
           if (to_bits(out, l.shape.tokens * l.shape.hidden) != got[size_t(r)]) throw Error("the graph replay differs");
-          LOOM_CUDA_CHECK(cudaGraphExecDestroy(exec));
-          LOOM_CUDA_CHECK(cudaGraphDestroy(graph));
           LOOM_CUDA_CHECK(cudaStreamDestroy(stream));
           ncclCommDestroy(comm);
         } catch (const std::exception& e) {
