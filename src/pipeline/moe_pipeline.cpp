@@ -60,6 +60,8 @@ void run_stages(const Plan& p, const Weights& w, const Inputs& in, void* output,
   if (from_logits == (in.topk_ids != nullptr))
     throw Error("run: give router_logits or topk_ids/topk_weights, exactly one of them");
   if (!from_logits && !in.topk_weights) throw Error("run: topk_ids needs topk_weights");
+  if (from_logits && s.topk > s.experts)
+    throw Error("run: this plan's topk exceeds its experts: it runs precomputed routes only (plan_routed)");
   if (!in.hidden || !output || !workspace || !w.w1) throw Error("run: null device pointer");
   const bool ffn = s.mode == Mode::ffn, fp8 = s.dtype == DType::fp8;
   if (fp8 && !w.w1_scales) throw Error("run: fp8 weights need w1_scales");
@@ -94,11 +96,15 @@ void run_stages(const Plan& p, const Weights& w, const Inputs& in, void* output,
   float* topk_weights = from_logits ? at<float>(workspace, L.topk_weights) : const_cast<float*>(in.topk_weights);
   LayerStatus* status = at<LayerStatus>(workspace, L.status);
 
-  const bool all = stages == Stages::all, glue = all || stages == Stages::glue_only;
+  const bool rows_only = stages == Stages::route_rows;
+  if (rows_only && (!ffn || !p.options.deterministic || !launches.combine_rows))
+    throw Error("run: the route rows stage needs a deterministic ffn plan");
+  const bool all = stages == Stages::all || rows_only, glue = all || stages == Stages::glue_only;
   const bool do_route = glue || stages == Stages::route_only, do_dispatch = glue || stages == Stages::dispatch_only;
   const bool do_quant = glue || stages == Stages::quant_only, do_gemm = all || stages == Stages::gemm_only;
   const bool do_gemm1 = do_gemm || stages == Stages::ffn_gemm1, do_act = do_gemm || stages == Stages::ffn_act;
-  const bool do_gemm2 = do_gemm || stages == Stages::ffn_gemm2, do_out = do_gemm || stages == Stages::ffn_out;
+  const bool do_gemm2 = do_gemm || stages == Stages::ffn_gemm2;
+  const bool do_out = (do_gemm && !rows_only) || stages == Stages::ffn_out;
   const bool fused = chain.fused_route_dispatch;
   RouteTopkParams rp;
   if (from_logits) {

@@ -22,6 +22,9 @@ enum class Stages {
   ffn_act,        // the intermediate (SiLU(gate)*up, requantised)
   ffn_gemm2,      // GEMM 2
   ffn_out,        // the deterministic combine (if any) and the bf16 output
+  // The whole deterministic ffn layer but its combine: each route's weighted row, bf16, left in
+  // the workspace's y at its route_row (expert parallelism returns these rows to their senders).
+  route_rows,
   none,           // nothing launched (gemm_launch_for: what the GEMM launch would be)
 };
 
@@ -30,6 +33,11 @@ struct GemmLaunch {
   GemmFp8Params params;
   GemmConfig config;
 };
+
+// A plan for precomputed routes only (no router logits), whose k may exceed its E: expert
+// parallelism's local plan, whose token rows carry the layer's k slots, the slots of other ranks'
+// experts -1 (dropped). Otherwise as plan().
+Plan plan_routed(const Shape& max_shape, const Options& options, const DeviceSpec& device);
 
 // gemm: when given, receives the GEMM launch's parameters and config.
 void run_stages(const Plan& p, const Weights& w, const Inputs& in, void* output, void* workspace, cudaStream_t stream,

@@ -335,9 +335,26 @@ DeviceSpec device_spec(const std::string& name) {
 
 Plan plan(const Shape& s, const Routing& r, const Options& o) { return plan(s, r, o, current_device()); }
 
+namespace {
+Plan make_plan(const Shape& s, const Routing& r, const Options& o, const DeviceSpec& device);
+}  // namespace
+
 Plan plan(const Shape& s, const Routing& r, const Options& o, const DeviceSpec& device) {
   validate(s);
   validate(r, s);
+  return make_plan(s, r, o, device);
+}
+
+Plan plan_routed(const Shape& s, const Options& o, const DeviceSpec& device) {
+  Shape v = s;  // every check but topk <= experts: the slots of a row need not be distinct experts
+  v.topk = std::min(s.topk, s.experts);
+  validate(v);
+  return make_plan(s, Routing{}, o, device);
+}
+
+namespace {
+
+Plan make_plan(const Shape& s, const Routing& r, const Options& o, const DeviceSpec& device) {
   const bool bf16 = s.dtype == DType::bf16;
   if (bf16 && s.mode != Mode::ffn)
     throw Error("dtype bf16 runs the ffn layer (mode ffn); the one-GEMM single mode is fp8 only");
@@ -429,6 +446,8 @@ Plan plan(const Shape& s, const Routing& r, const Options& o, const DeviceSpec& 
   p.gemm_config = top.error.empty() ? top.gemm_key() : "(" + top.error + ")";
   return p;
 }
+
+}  // namespace
 
 size_t workspace_bytes(const Plan& p) { return p.layout.total; }
 
