@@ -9,13 +9,15 @@
 //   cudaMalloc(&ws, loom::workspace_bytes(p));
 //   loom::run_ep(p, local_weights, inputs, out, ws, comm, stream);  // local_weights: this rank's experts
 //
-// The first form: the rows travel by grouped ncclSend/ncclRecv of fixed segments of rows_per_peer
-// rows per peer, full segments whatever the counts (graph capture needs sizes known on the host).
-// rows_per_peer is a tunable cap: routes beyond it are not sent, and EpStatus::overflow_routes
-// counts them. Rows travel in bf16 (an FP8 layer quantises on the owner). With chunks > 1 the
-// exchange runs on a second stream that run_ep forks from the caller's and joins back, so one
-// chunk's rows travel while another's GEMMs run. Not yet measured on several GPUs
-// (docs/architecture.md).
+// The first form: each token travels once to each rank that owns one of its experts (its k slots'
+// local ids, -1 where another rank owns the expert, and weights beside it), by grouped
+// ncclSend/ncclRecv of fixed segments of tokens_per_peer rows per peer, full segments whatever the
+// counts (graph capture needs sizes known on the host). The owner runs its experts on them and
+// returns one row per route, in fixed segments of rows_per_peer rows. Both are tunable caps: routes
+// past them are not sent, and EpStatus::overflow_routes counts them. Rows travel in bf16 (an FP8
+// layer quantises on the owner). With chunks > 1 the exchange runs on a second stream that run_ep
+// forks from the caller's and joins back, so one part's rows travel while another's GEMMs run.
+// Not yet measured on several GPUs (docs/architecture.md).
 #pragma once
 
 #include <nccl.h>
@@ -38,13 +40,14 @@ struct ExpertParallel {
   // Every expert's owner, [E] ranks in [0, P); empty: contiguous blocks (rank r owns experts
   // [r E / P, (r + 1) E / P)).
   std::vector<int32_t> expert_rank;
-  // Rows a rank sends to one peer per run. 0: twice a balanced share, ceil(2 T k / P) rounded up to
-  // 16 rows, at most T k (dist/ep_buffers.hpp).
+  // Token rows a rank sends to one peer per run. 0: twice a balanced share, ceil(2 T k / P) rounded
+  // up to 16 rows, at most T (dist/ep_buffers.hpp).
+  int64_t tokens_per_peer = 0;
+  // Route outputs one peer returns to a rank per run. 0: the same share, at most T k.
   int64_t rows_per_peer = 0;
   // The exchange and the local experts in `chunks` parts (1 to 8): part c + 1's rows travel while
-  // part c's GEMMs run. Position i of a peer's segment belongs to part i mod chunks, so a partly
-  // filled segment spreads over all parts; rows_per_peer is rounded up to chunks times a multiple
-  // of 4.
+  // part c's GEMMs run. The i-th token to a peer belongs to part i mod chunks, so a partly filled
+  // segment spreads over all parts; both caps are rounded up to chunks times a multiple of 4.
   int chunks = 1;
   // With chunks > 1: SMs the local GEMMs leave free for NCCL's kernels (persistent GEMMs fill
   // every SM they are planned for). -1: 16.
@@ -54,7 +57,7 @@ struct ExpertParallel {
 struct EpStatus {
   uint32_t nan_tokens = 0;       // this rank's tokens with a NaN router logit
   uint32_t dropped_routes = 0;   // this rank's routes whose id was outside [0, E)
-  uint32_t overflow_routes = 0;  // this rank's routes beyond a peer's rows_per_peer: not sent, their rows add nothing
+  uint32_t overflow_routes = 0;  // this rank's routes past a peer's caps: not sent, their rows add nothing
 };
 
 struct EpStreams;  // the exchange's stream and events when chunks > 1 (src/dist/nccl/ep_layer.cpp)
@@ -64,17 +67,18 @@ struct EpPlan {
   Routing routing;
   Options options;
   ExpertParallel ep;
-  int64_t rows_per_peer = 0;  // with chunks > 1, chunks times a multiple of 4
+  int64_t tokens_per_peer = 0, rows_per_peer = 0;  // with chunks > 1, chunks times a multiple of 4
   int chunks = 1;
-  int64_t chunk_rows = 0;  // rows_per_peer / chunks: a peer's rows in one part
+  int64_t chunk_tokens = 0, chunk_rows = 0;  // the caps / chunks: a peer's rows in one part
   int comm_sms = 0;        // SMs left to NCCL (0 when chunks = 1)
   std::vector<int32_t> local_experts;  // this rank's experts (global ids) in local order
   std::vector<int32_t> owner, local_index;  // [E]
-  Plan local;  // this rank's experts over one part's P x chunk_rows rows of one route each (deterministic)
+  Plan local;  // this rank's experts over one part's P x chunk_tokens token rows (k slots, deterministic)
   std::shared_ptr<EpStreams> streams;  // created on the plan's device; shared by the plan's copies
   struct Layout {
-    size_t topk_ids, topk_weights, nan_flags, dest, offsets, route_row, row_token, row_weight, slice_counts, status,
-        overflow, slot_row, send_x, send_ids, send_w, recv_x, recv_ids, recv_w, out_local, out_back, local, total;
+    size_t topk_ids, topk_weights, nan_flags, dest, mark, tok_offsets, tok_row, bucket, ret_offsets, ret_row,
+        row_token, row_weight, slice_counts, status, scratch_status, overflow, slot_row, send_x, send_ids, send_w,
+        send_ret, recv_x, recv_ids, recv_w, recv_ret, out_local, out_back, local, total;
   } layout{};
 };
 

@@ -31,7 +31,7 @@ extern "C" {
 #define LOOM_C_API __attribute__((visibility("default")))
 #endif
 
-#define LOOM_ABI_VERSION 1
+#define LOOM_ABI_VERSION 2
 
 typedef enum loom_status_code {
   LOOM_OK = 0,

@@ -30,9 +30,10 @@ typedef struct loom_ep_t {
   int64_t first_expert, expert_count; /* -1, -1: not given */
   const int32_t* expert_rank;
   int64_t expert_rank_count;
-  int64_t rows_per_peer; /* 0: the default cap */
-  int32_t chunks;        /* 1: unsplit */
-  int32_t comm_sms;      /* -1: the default */
+  int64_t rows_per_peer;   /* route outputs a peer returns; 0: the default cap */
+  int32_t chunks;          /* 1: unsplit */
+  int32_t comm_sms;        /* -1: the default */
+  int64_t tokens_per_peer; /* token rows sent to a peer; 0: the default cap */
 } loom_ep_t;
 
 /* As loom::EpStatus. */

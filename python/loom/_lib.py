@@ -8,7 +8,7 @@ import os
 from pathlib import Path
 
 # Must equal LOOM_ABI_VERSION in include/loom/loom_c.h; checked against the library on load.
-ABI_VERSION = 1
+ABI_VERSION = 2
 
 LOOM_OK = 0
 LOOM_ERROR_INVALID_ARGUMENT = 1

@@ -38,6 +38,7 @@ class _Ep(ctypes.Structure):
         ("rows_per_peer", ctypes.c_int64),
         ("chunks", ctypes.c_int32),
         ("comm_sms", ctypes.c_int32),
+        ("tokens_per_peer", ctypes.c_int64),
     ]
 
 
@@ -122,18 +123,18 @@ class ExpertParallel:
     """The ffn MoE layer over the ranks of `group` (None: the default group), this rank owning
     `local_experts`. experts, topk, hidden, inter: the layer's (all E experts); max_tokens: the most
     tokens one rank's run carries. expert_rank: every expert's owner (E group ranks), or None for
-    contiguous blocks. rows_per_peer: the cap of rows one rank sends to one peer per run (0: twice
-    a balanced share); routes beyond it are not sent and counted in status(). chunks: the exchange
-    and the local experts in that many parts, overlapped; comm_sms: the SMs the local GEMMs leave
-    to NCCL then (-1: the default). Routing options as in loom.fused_moe. The output equals the
+    contiguous blocks. tokens_per_peer, rows_per_peer: the caps of token rows one rank sends to one
+    peer and of route outputs one peer returns per run (0: twice a balanced share); routes beyond
+    them are not sent and counted in status(). chunks: the exchange and the local experts in that
+    many parts, overlapped; comm_sms: the SMs the local GEMMs leave to NCCL then (-1: the default). Routing options as in loom.fused_moe. The output equals the
     one-GPU layer's with deterministic=True bit for bit (BF16; FP8 where the local batch takes the
     same GEMM configs)."""
 
     def __init__(self, group=None, *, experts: int, topk: int, hidden: int, inter: int, max_tokens: int,
                  dtype: str = "fp8", expert_rank: Optional[Sequence[int]] = None, rows_per_peer: int = 0,
-                 chunks: int = 1, comm_sms: int = -1, renormalize: bool = True, scoring: str = "softmax",
-                 softcap: float = 0.0, n_group: int = 1, topk_group: int = 1, routed_scaling: float = 1.0,
-                 device=None):
+                 tokens_per_peer: int = 0, chunks: int = 1, comm_sms: int = -1, renormalize: bool = True,
+                 scoring: str = "softmax", softcap: float = 0.0, n_group: int = 1, topk_group: int = 1,
+                 routed_scaling: float = 1.0, device=None):
         import torch.distributed as dist
 
         if not dist.is_available() or not dist.is_initialized():
@@ -169,6 +170,7 @@ class ExpertParallel:
         ep = _Ep()
         lib.loom_ep_default(ctypes.byref(ep))
         ep.size, ep.rank, ep.rows_per_peer = self.size, self.rank, rows_per_peer
+        ep.tokens_per_peer = tokens_per_peer
         ep.chunks, ep.comm_sms = chunks, comm_sms
         if expert_rank is not None:
             owners = (ctypes.c_int32 * len(expert_rank))(*[int(q) for q in expert_rank])
@@ -252,7 +254,7 @@ class ExpertParallel:
 
     def status(self) -> dict:
         """The last run's status on this rank (synchronises the current stream): tokens with a NaN
-        logit, routes with an id out of range, routes beyond rows_per_peer (not sent)."""
+        logit, routes with an id out of range, routes beyond the caps (not sent)."""
         st = _EpStatus()
         stream = torch.cuda.current_stream(self.device).cuda_stream
         with torch.cuda.device(self.device):

@@ -19,6 +19,10 @@ int64_t default_rows_per_peer(int64_t tokens, int64_t topk, int ranks) {
   return std::min(routes, (twice_share + 15) / 16 * 16);
 }
 
+int64_t default_tokens_per_peer(int64_t tokens, int64_t topk, int ranks) {
+  return std::min(tokens, default_rows_per_peer(tokens, topk, ranks));
+}
+
 Buffers buffer_bytes(const BufferSpec& s) {
   if (s.ranks < 1 || s.ranks > kMaxRanks)
     throw Error("expert parallelism: ranks must be in [1, " + std::to_string(kMaxRanks) + "], got " +
@@ -31,23 +35,30 @@ Buffers buffer_bytes(const BufferSpec& s) {
   if (s.rows_per_peer < 0 || s.rows_per_peer > std::max<int64_t>(routes, 1))
     throw Error("expert parallelism: rows_per_peer must be in [0, T k = " + std::to_string(routes) + "], got " +
                 std::to_string(s.rows_per_peer));
+  if (s.tokens_per_peer < 0 || s.tokens_per_peer > std::max<int64_t>(s.tokens, 1))
+    throw Error("expert parallelism: tokens_per_peer must be in [0, T = " + std::to_string(s.tokens) + "], got " +
+                std::to_string(s.tokens_per_peer));
   if (s.chunks < 1 || s.chunks > kMaxChunks)
     throw Error("expert parallelism: chunks must be in [1, " + std::to_string(kMaxChunks) + "], got " +
                 std::to_string(s.chunks));
-  Buffers b;
-  const int64_t cap = s.rows_per_peer > 0 ? s.rows_per_peer : default_rows_per_peer(s.tokens, s.topk, s.ranks);
   // In parts, each part's rows of a peer a multiple of 4, so every part's ids and weights (4 bytes
-  // a row) start 16-byte aligned, as the local run's inputs must.
-  const int64_t per_part = s.chunks == 1 ? cap : (cap + s.chunks - 1) / s.chunks;
-  b.rows_per_peer = s.chunks * (s.chunks == 1 ? per_part : (per_part + 3) / 4 * 4);
+  // a slot) start 16-byte aligned, as the local run's inputs must.
+  auto whole_parts = [&](int64_t cap) {
+    if (s.chunks == 1) return cap;
+    const int64_t per_part = (cap + s.chunks - 1) / s.chunks;
+    return s.chunks * ((per_part + 3) / 4 * 4);
+  };
+  Buffers b;
+  b.tokens_per_peer = whole_parts(s.tokens_per_peer > 0 ? s.tokens_per_peer
+                                                        : default_tokens_per_peer(s.tokens, s.topk, s.ranks));
+  b.rows_per_peer = whole_parts(s.rows_per_peer > 0 ? s.rows_per_peer
+                                                    : default_rows_per_peer(s.tokens, s.topk, s.ranks));
   const int64_t values =
       s.dtype == DType::fp8 ? align16(s.hidden) + align16(4 * quant_blocks(s.hidden)) : align16(2 * s.hidden);
-  b.row_bytes = values + 16;  // + local expert id and weight, padded to 16 bytes
+  b.row_bytes = values + align16(12 * s.topk);  // + each slot's local id, weight and return row
   b.return_row_bytes = align16(2 * s.hidden);
-  const size_t rows = size_t(s.ranks) * size_t(b.rows_per_peer);
-  b.send = b.recv = rows * size_t(b.row_bytes);
-  b.out_local = b.out_back = rows * size_t(b.return_row_bytes);
-  b.counts = 2 * size_t(s.ranks) * sizeof(int64_t);
+  b.send = b.recv = size_t(s.ranks) * size_t(b.tokens_per_peer) * size_t(b.row_bytes);
+  b.out_local = b.out_back = size_t(s.ranks) * size_t(b.rows_per_peer) * size_t(b.return_row_bytes);
   return b;
 }
 

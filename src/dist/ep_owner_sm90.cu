@@ -1,28 +1,35 @@
-// dest[s] = the rank that owns route s's expert, -1 for an id outside [0, E) (ep_send_sm90.cuh).
+// Each route's owner rank, and the mark that makes one row per (token, owner) (ep_send_sm90.cuh).
+// A thread per route; the earlier slots of its token are looked up again (k <= 16).
 #include "common/cuda_check.hpp"
 #include "dist/ep_send_sm90.cuh"
 
 namespace loom::dist {
 namespace {
 
-__global__ void ep_owner_kernel(const __grid_constant__ EpTables t, const int32_t* ids, int routes, int experts,
-                                int32_t* dest) {
+__device__ inline int32_t owner_of(const EpTables& t, int32_t e, int experts) {
+  return e >= 0 && e < experts ? int32_t(t.owner[e]) : -1;
+}
+
+__global__ void ep_owner_kernel(const __grid_constant__ EpTables t, const int32_t* ids, int routes, int topk,
+                                int experts, int ranks, int32_t* dest, int32_t* mark) {
   const int s = int(blockIdx.x) * int(blockDim.x) + int(threadIdx.x);
   if (s >= routes) return;
-  const int32_t e = ids[s];
-  dest[s] = e >= 0 && e < experts ? int32_t(t.owner[e]) : -1;
+  const int32_t q = owner_of(t, ids[s], experts);
+  dest[s] = q;
+  int32_t m = q;  // the first slot of this token owned by q carries the token's row to q
+  for (int j = s - s % topk; j < s && m >= 0; ++j)
+    if (owner_of(t, ids[j], experts) == q) m = ranks;
+  mark[s] = m;
 }
 
 }  // namespace
 
 void launch_ep_owner(const EpTables& t, const EpSendParams& p, cudaStream_t stream) {
-  if (p.tokens < 0 || p.topk < 1 || p.experts < 1 || p.experts > kGpuMaxExperts)
-    throw Error("ep_owner: T >= 0, k >= 1 and E in [1, " + std::to_string(kGpuMaxExperts) + "]");
-  if (!p.ids || !p.dest) throw Error("ep_owner: null device pointer");
   const int routes = p.tokens * p.topk;
   if (routes == 0) return;
   constexpr int kThreads = 256;
-  ep_owner_kernel<<<(routes + kThreads - 1) / kThreads, kThreads, 0, stream>>>(t, p.ids, routes, p.experts, p.dest);
+  ep_owner_kernel<<<(routes + kThreads - 1) / kThreads, kThreads, 0, stream>>>(t, p.ids, routes, p.topk, p.experts,
+                                                                               p.ranks, p.dest, p.mark);
   LOOM_CUDA_CHECK(cudaGetLastError());
 }
 

@@ -1,7 +1,7 @@
-// The send segments' rows past each peer's count: id -1 and weight 0, so the owner's dispatch
-// drops them; and the routes beyond the cap (ep_send_sm90.cuh). A thread per segment row; thread 0
-// of block 0 also sums the overflow over the peers (one plain store: nothing to clear).
-#include <string>
+// The token rows of each segment past the rank's count: ids -1, weights 0, return rows -1, so the
+// owner computes and returns nothing for them; and the routes not sent (ep_send_sm90.cuh). A
+// thread per (row, slot); thread 0 of block 0 also sums the overflow (one plain store).
+#include <algorithm>
 
 #include "common/cuda_check.hpp"
 #include "dist/ep_send_sm90.cuh"
@@ -12,29 +12,29 @@ namespace {
 __global__ void ep_pad_segments_kernel(const EpSendParams p) {
   const int j = int(blockIdx.x) * int(blockDim.x) + int(threadIdx.x);
   if (j == 0) {
-    uint32_t over = 0;
-    for (int q = 0; q < p.ranks; ++q) over += uint32_t(max(0, p.offsets[q + 1] - p.offsets[q] - p.rows_per_peer));
+    // Routes whose token was beyond a token cap (bucket P C), and routes beyond a return cap.
+    const int buckets = p.ranks * p.chunks, per_part = p.rows_per_peer / p.chunks;
+    uint32_t over = uint32_t(p.ret_offsets[buckets + 1] - p.ret_offsets[buckets]);
+    for (int b = 0; b < buckets; ++b) over += uint32_t(max(0, p.ret_offsets[b + 1] - p.ret_offsets[b] - per_part));
     *p.overflow = over;
   }
-  if (j >= p.ranks * p.rows_per_peer) return;
-  // Row j of the buffer [C][P][rows_per_peer / C] is position i of peer q's segment (ep_send_row).
-  const int per_chunk = p.rows_per_peer / p.chunks, c = j / (p.ranks * per_chunk);
-  const int q = (j / per_chunk) % p.ranks, i = (j % per_chunk) * p.chunks + c;
-  if (i >= p.offsets[q + 1] - p.offsets[q]) {
+  if (j >= p.ranks * p.tokens_per_peer * p.topk) return;
+  // Row r of the buffer [C][P][tokens_per_peer / C] is position i of peer q's segment (ep_send_row).
+  const int r = j / p.topk, per_chunk = p.tokens_per_peer / p.chunks, c = r / (p.ranks * per_chunk);
+  const int q = (r / per_chunk) % p.ranks, i = (r % per_chunk) * p.chunks + c;
+  if (i >= p.tok_offsets[q + 1] - p.tok_offsets[q]) {
     p.send_ids[j] = -1;
     p.send_w[j] = 0.0f;
+    p.send_ret[j] = -1;
   }
 }
 
 }  // namespace
 
 void launch_ep_pad_segments(const EpSendParams& p, cudaStream_t stream) {
-  if (p.ranks < 1 || p.rows_per_peer < 0 || p.chunks < 1 || p.rows_per_peer % p.chunks)
-    throw Error("ep_pad_segments: P >= 1 and rows_per_peer >= 0 a multiple of the chunks");
-  if (!p.offsets || !p.send_ids || !p.send_w || !p.overflow) throw Error("ep_pad_segments: null device pointer");
   constexpr int kThreads = 256;
-  const int rows = p.ranks * p.rows_per_peer;
-  ep_pad_segments_kernel<<<std::max(1, (rows + kThreads - 1) / kThreads), kThreads, 0, stream>>>(p);
+  const int slots = p.ranks * p.tokens_per_peer * p.topk;
+  ep_pad_segments_kernel<<<std::max(1, (slots + kThreads - 1) / kThreads), kThreads, 0, stream>>>(p);
   LOOM_CUDA_CHECK(cudaGetLastError());
 }
 

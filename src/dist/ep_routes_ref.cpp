@@ -81,6 +81,61 @@ TokenSendLayout send_tokens_ref(const Placement& p, const int32_t* ids, int64_t 
   return s;
 }
 
+TokenSegments token_segments_ref(const Placement& p, const int32_t* ids, int64_t tokens, int64_t topk,
+                                 int64_t tokens_per_peer, int64_t rows_per_peer, int chunks) {
+  if (tokens < 0 || topk < 1 || chunks < 1 || tokens_per_peer < 0 || rows_per_peer < 0 ||
+      tokens_per_peer % chunks || rows_per_peer % chunks)
+    throw Error("token_segments_ref: T >= 0, k >= 1 and caps that are whole multiples of the parts");
+  const int P = p.ranks;
+  const int64_t rows = P * tokens_per_peer, per_part = rows_per_peer / chunks, per_tok = tokens_per_peer / chunks;
+  TokenSegments s;
+  s.token.assign(size_t(rows), -1);
+  s.ids.assign(size_t(rows * topk), -1);
+  s.slot.assign(s.ids.size(), -1);
+  s.ret.assign(s.ids.size(), -1);
+  s.slot_row.assign(size_t(tokens * topk), -1);
+  s.tokens_to.assign(size_t(P), 0);
+  std::vector<int64_t> next_ret(size_t(P * chunks), 0);  // routes so far per (rank, part), slot order
+  for (int64_t t = 0; t < tokens; ++t)
+    for (int q = 0; q < P; ++q) {
+      int64_t row = -1, c = 0;
+      for (int64_t j = 0; j < topk; ++j) {
+        const int64_t slot = t * topk + j;
+        const int32_t e = ids[slot];
+        if (e < 0 || e >= p.experts) {
+          if (q == 0) ++s.dropped;
+          continue;
+        }
+        if (p.owner[size_t(e)] != q) continue;
+        if (row < 0) {  // the token's first route to q: its position among q's tokens
+          const int64_t i = s.tokens_to[size_t(q)]++;
+          if (i >= tokens_per_peer) {
+            row = rows;  // not sent
+          } else {
+            c = i % chunks;
+            row = ((c * P + q) * per_tok) + i / chunks;
+            s.token[size_t(row)] = int32_t(t);
+          }
+        }
+        if (row == rows) {
+          ++s.overflow;
+          continue;
+        }
+        const int64_t pos = next_ret[size_t(q * chunks + c)]++;
+        if (pos >= per_part) {
+          ++s.overflow;
+          continue;
+        }
+        const size_t at = size_t(row * topk + j);
+        s.ids[at] = p.local_index[size_t(e)];
+        s.slot[at] = int32_t(slot);
+        s.ret[at] = int32_t(pos);
+        s.slot_row[size_t(slot)] = int32_t((c * P + q) * per_part + pos);
+      }
+    }
+  return s;
+}
+
 std::vector<int32_t> owner_return_rows_ref(const int32_t* local_ids, int64_t rows, int64_t topk) {
   if (rows < 0 || topk < 1) throw Error("owner_return_rows_ref: rows must be >= 0 and topk >= 1");
   std::vector<int32_t> out(size_t(rows * topk), -1);

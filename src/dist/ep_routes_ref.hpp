@@ -52,6 +52,23 @@ TokenSendLayout send_tokens_ref(const Placement& p, const int32_t* ids, int64_t 
 // count exchanged: the invariant the token form rests on.
 std::vector<int32_t> owner_return_rows_ref(const int32_t* local_ids, int64_t rows, int64_t topk);
 
+// The token form's send buffers as the device writes them (dist/ep_send_sm90.cuh), caps and parts
+// included: token i to rank q (token order) is sent when i < tokens_per_peer, in part i mod C at
+// row ep_send_row(q, i, P, tokens_per_peer, C); the routes of rank q's tokens in part c take
+// return rows in slot order, those past rows_per_peer / C not sent (nor computed: id -1).
+struct TokenSegments {
+  std::vector<int32_t> token;     // [P tokens_per_peer] each send row's token, -1 = padding
+  std::vector<int32_t> ids;       // [P tokens_per_peer, k] local expert ids, -1 = none
+  std::vector<int32_t> slot;      // [P tokens_per_peer, k] the route slot t k + j behind each id, -1
+  std::vector<int32_t> ret;       // [P tokens_per_peer, k] the return row in the part's segment, -1
+  std::vector<int32_t> slot_row;  // [T k] the route's row in the return buffer [C][P][rows_per_peer / C]
+  std::vector<int64_t> tokens_to; // [P] tokens with a route to each rank (sent or not)
+  int64_t overflow = 0;           // routes with an owner but not sent
+  int64_t dropped = 0;            // ids outside [0, E)
+};
+TokenSegments token_segments_ref(const Placement& p, const int32_t* ids, int64_t tokens, int64_t topk,
+                                 int64_t tokens_per_peer, int64_t rows_per_peer, int chunks);
+
 // A rank's received rows: counts_from[q] rows from rank q, at offsets[q].
 struct RecvLayout {
   std::vector<int64_t> offsets;  // [P + 1]

@@ -1,20 +1,33 @@
-// Expert parallelism's send side on the device (issue 49), bit for bit dist/ep_routes_ref's
-// layout: the owner of every route, then (after launch_dispatch over the P ranks as "experts",
-// which gives each route its position among the routes to its owner, stable in slot order) the
-// send segments, rows_per_peer rows per peer:
-//   launch_ep_owner        dest[s] = owner of ids[s], -1 for an id outside [0, E)
-//   launch_ep_pack_rows    each sent route's hidden row, local expert id and weight into its
-//                          destination's segment; slot_row[s] = its row there, -1 if not sent
-//   launch_ep_pad_segments the rows of each segment past its count: id -1, weight 0 (the owner's
-//                          dispatch drops them); overflow = routes beyond the cap
-// Plain launches on one stream (no PDL); no global scratch, nothing to clear first.
+// Expert parallelism's send and return sides on the device (issue 49), in the token form: each
+// token travels once to each rank that owns one of its experts, with its k slots' local expert
+// ids (-1 in the slots that rank does not own), weights and return rows; the owner sends back one
+// row per route. Bit for bit dist::token_segments_ref. launch_ep_send enqueues, in order:
+//   ep_owner        dest[s] = owner of ids[s] (-1 out of range); mark[s] = dest[s] on the first
+//                   slot of token t with that owner, P on its other slots, -1 when dropped
+//   launch_dispatch over the marks as P + 1 "experts": each token's position among the tokens to
+//                   a rank (token order), the per-rank token counts, the status (dropped routes,
+//                   NaN tokens)
+//   ep_buckets      bucket[s] = q C + (the token's position mod C), or P C when the token is
+//                   beyond the rank's token cap (its routes are not sent)
+//   launch_dispatch over the buckets: each route's position among the routes of its (rank, part)
+//                   in slot order, its return row there
+//   ep_pack_tokens  the token rows, their ids, weights and return rows; slot_row[s] = where route
+//                   s's output comes back, -1 if it is not sent
+//   ep_pad_segments the token rows past a rank's count (ids -1, weight 0, return -1) and the
+//                   overflow (routes not sent: their token beyond the token cap or they beyond
+//                   the return cap)
+// and on the owner, after its local plan ran the received rows up to the weighted route rows:
+//   ep_return_rows  each route's weighted row into its return row.
+// Plain launches on one stream (no PDL); no global scratch to clear first.
 // Host-includable: plain declarations only.
 #pragma once
 
 #include <cuda_runtime.h>
 
+#include <cstddef>
 #include <cstdint>
 
+#include "contract/device_layout.hpp"
 #include "loom/types.hpp"
 
 namespace loom::dist {
@@ -26,34 +39,68 @@ struct EpTables {
   uint16_t local[kGpuMaxExperts];
 };
 
-// Where position i of peer q's segment lies in the send buffer: with C chunks the buffer is
-// [C][P][rows_per_peer / C] rows and position i is row i / C of chunk i mod C, so the routes of a
-// partly filled segment spread evenly over the chunks (C = 1: row q rows_per_peer + i).
-__host__ __device__ inline int ep_send_row(int q, int i, int ranks, int rows_per_peer, int chunks) {
-  const int per_chunk = rows_per_peer / chunks;
+// Where position i of peer q's segment lies in a buffer of C parts, [C][P][per_peer / C] rows:
+// row i / C of part i mod C, so a partly filled segment spreads evenly over the parts (C = 1: row
+// q per_peer + i). Token rows (per_peer = tokens_per_peer) and return rows (rows_per_peer) alike.
+__host__ __device__ inline int ep_send_row(int q, int i, int ranks, int per_peer, int chunks) {
+  const int per_chunk = per_peer / chunks;
   return ((i % chunks) * ranks + q) * per_chunk + i / chunks;
 }
 
 struct EpSendParams {
-  const uint16_t* hidden = nullptr;      // [T, H] bf16
-  const int32_t* ids = nullptr;          // [T, k] global expert ids
-  const float* weights = nullptr;        // [T, k]
-  int32_t* dest = nullptr;               // [T, k] owner rank or -1 (launch_ep_owner writes it)
-  const int32_t* offsets = nullptr;      // [P + 1] launch_dispatch's over dest
-  const int32_t* route_row = nullptr;    // [T, k] launch_dispatch's: position among the owner's routes
-  int tokens = 0, topk = 0, hidden_dim = 0, experts = 0, ranks = 0, rows_per_peer = 0;
-  int chunks = 1;                        // C, dividing rows_per_peer (ep_send_row)
-  uint16_t* send_x = nullptr;            // [C, P, rows_per_peer / C, H] bf16
-  int32_t* send_ids = nullptr;           // [C, P, rows_per_peer / C] local expert ids
-  float* send_w = nullptr;               // [C, P, rows_per_peer / C]
-  int32_t* slot_row = nullptr;           // [T, k] the route's row in the send segments, -1 if not sent
-  uint32_t* overflow = nullptr;          // routes beyond rows_per_peer (one plain store)
+  const uint16_t* hidden = nullptr;    // [T, H] bf16
+  const int32_t* ids = nullptr;        // [T, k] global expert ids
+  const float* weights = nullptr;      // [T, k]
+  const uint8_t* nan_flags = nullptr;  // [T] or nullptr: counted into status
+  int tokens = 0, topk = 0, hidden_dim = 0, experts = 0, ranks = 0;
+  int chunks = 1;           // C, dividing both caps
+  int tokens_per_peer = 0;  // token rows a rank sends one peer
+  int rows_per_peer = 0;    // route rows one peer returns
+  // Scratch, [T k] each unless said: written before read within one launch_ep_send.
+  int32_t* dest = nullptr;
+  int32_t* mark = nullptr;
+  int32_t* tok_offsets = nullptr;  // [P + 2]
+  int32_t* tok_row = nullptr;
+  int32_t* bucket = nullptr;
+  int32_t* ret_offsets = nullptr;  // [P C + 2]
+  int32_t* ret_row = nullptr;
+  int32_t* row_token = nullptr;    // the dispatches' sorted-row outputs, unused here
+  float* row_weight = nullptr;
+  int32_t* slice_counts = nullptr;  // ep_send_slice_count_bytes
+  LayerStatus* scratch_status = nullptr;
+  // Outputs.
+  LayerStatus* status = nullptr;  // nan_tokens, dropped_routes (ids outside [0, E))
+  uint16_t* send_x = nullptr;     // [C, P, tokens_per_peer / C, H] bf16
+  int32_t* send_ids = nullptr;    // [C, P, tokens_per_peer / C, k] local expert ids, -1 = none
+  float* send_w = nullptr;        // [C, P, tokens_per_peer / C, k], 0 where the id is -1
+  int32_t* send_ret = nullptr;    // [C, P, tokens_per_peer / C, k] the route's row in its part's return
+                                  // segment from this rank, -1 where the id is -1
+  int32_t* slot_row = nullptr;    // [T, k] the route's row in the return buffer [C, P, rows_per_peer / C]
+  uint32_t* overflow = nullptr;   // routes not sent (one plain store)
 };
 
-// Each throws loom::Error on a bad shape or a null pointer; T = 0 enqueues nothing but the
-// segments' padding (every row of every segment is then padding).
+// Bytes of EpSendParams::slice_counts for batches of up to max_tokens tokens.
+size_t ep_send_slice_count_bytes(int64_t max_tokens, int64_t topk, int ranks, int chunks);
+
+// The whole send side. Throws loom::Error on a bad shape or a null pointer before any launch;
+// T = 0 clears the counts and pads every row (the segments still travel).
+void launch_ep_send(const EpTables& t, const EpSendParams& p, cudaStream_t stream);
+
+// Its kernels, each alone (launch_ep_send checks the parameters once for all of them).
 void launch_ep_owner(const EpTables& t, const EpSendParams& p, cudaStream_t stream);
-void launch_ep_pack_rows(const EpTables& t, const EpSendParams& p, cudaStream_t stream);
+void launch_ep_buckets(const EpSendParams& p, cudaStream_t stream);
+void launch_ep_pack_tokens(const EpTables& t, const EpSendParams& p, cudaStream_t stream);
 void launch_ep_pad_segments(const EpSendParams& p, cudaStream_t stream);
+
+struct EpReturnParams {
+  const int32_t* recv_ret = nullptr;   // [rows, k] one part's received return rows (-1: none)
+  const int32_t* route_row = nullptr;  // [rows, k] the local run's row of each slot in y
+  const uint16_t* y = nullptr;         // the local run's weighted route rows, bf16 [*, H]
+  int rows = 0, topk = 0, hidden_dim = 0;
+  int tokens_per_source = 0;  // received rows per source rank in this part: row r came from r / it
+  int rows_per_source = 0;    // return rows per source rank in this part
+  uint16_t* out = nullptr;    // [P, rows_per_source, H] this part's return segments
+};
+void launch_ep_return_rows(const EpReturnParams& p, cudaStream_t stream);
 
 }  // namespace loom::dist

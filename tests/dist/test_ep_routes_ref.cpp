@@ -154,6 +154,61 @@ TEST(EpRoutesRef, TokenFormOwnerFindsTheSendersReturnRows) {
   }
 }
 
+// The device's buffers (token_segments_ref): with caps nothing reaches and one part, the token
+// form itself; with tight caps and parts, every route either sent once at a distinct return row of
+// its (rank, part) segment or counted in the overflow, and tokens spread over the parts.
+TEST(EpRoutesRef, TokenSegmentsAreTheTokenFormWithCapsAndParts) {
+  LOOM_FRESH_SEED();
+  Rng rng(seed);
+  for (int trial = 0; trial < 30; ++trial) {
+    const int64_t E = 1 + int64_t(rng.below(40)), k = 1 + int64_t(rng.below(8));
+    const int P = 1 + int(rng.below(uint64_t(std::min<int64_t>(E, 8))));
+    const int64_t T = 1 + int64_t(rng.below(60));
+    EpConfig c;
+    c.size = P;
+    const Placement p = make_placement(E, c);
+    Ints ids(size_t(T * k));
+    for (auto& id : ids) id = int32_t(rng.below(uint64_t(E + 2))) - 1;
+    const TokenSendLayout form = send_tokens_ref(p, ids.data(), T, k);
+    const TokenSegments loose = token_segments_ref(p, ids.data(), T, k, T, T * k, 1);
+    EXPECT_EQ(loose.overflow, 0);
+    EXPECT_EQ(loose.dropped, form.dropped);
+    EXPECT_EQ(loose.tokens_to, form.counts);
+    for (int q = 0; q < P; ++q)
+      for (int64_t i = 0; i < form.counts[size_t(q)]; ++i) {
+        const int64_t row = q * T + i, frow = form.offsets[size_t(q)] + i;
+        ASSERT_EQ(loose.token[size_t(row)], form.token[size_t(frow)]);
+        for (int64_t j = 0; j < k; ++j)
+          ASSERT_EQ(loose.ids[size_t(row * k + j)], form.local_ids[size_t(frow * k + j)]);
+      }
+    for (int64_t r = 0; r < T * k; ++r) {
+      const int32_t want = form.return_row[size_t(r)];
+      const int32_t e = ids[size_t(r)];
+      ASSERT_EQ(loose.slot_row[size_t(r)], want < 0 ? -1 : int32_t(p.owner[size_t(e)] * T * k + want)) << r;
+    }
+
+    const int C = 1 + int(rng.below(4));
+    const int64_t tcap = C * int64_t(rng.below(uint64_t(T / C + 2))), rcap = C * int64_t(rng.below(uint64_t(T * k / C + 2)));
+    const TokenSegments tight = token_segments_ref(p, ids.data(), T, k, tcap, rcap, C);
+    std::vector<int> used(size_t(P * rcap), 0);
+    int64_t sent = 0;
+    for (size_t a = 0; a < tight.slot.size(); ++a) {
+      if (tight.slot[a] < 0) {
+        EXPECT_EQ(tight.ids[a], -1);
+        EXPECT_EQ(tight.ret[a], -1);
+        continue;
+      }
+      ++sent;
+      const int64_t row = int64_t(a) / k, part = row / (P * (tcap / C)), q = row / (tcap / C) % P;
+      EXPECT_EQ(tight.token[size_t(row)], tight.slot[a] / k);
+      EXPECT_EQ(tight.slot_row[size_t(tight.slot[a])], (part * P + q) * (rcap / C) + tight.ret[a]);
+      ASSERT_LT(tight.ret[a], rcap / C);
+      EXPECT_EQ(++used[size_t(tight.slot_row[size_t(tight.slot[a])])], 1) << "a return row taken twice";
+    }
+    EXPECT_EQ(sent + tight.overflow + tight.dropped, T * k);
+  }
+}
+
 struct WorldCase {
   DType dtype;
   int ranks;

@@ -1,7 +1,8 @@
-// Expert parallelism's send side on the GPU (dist/ep_send_sm90.cuh) against dist::send_layout_ref,
-// no NCCL: the owner of every route, launch_dispatch over the ranks, then the packed segments in
-// one part and in three (ep_send_row). Ids out of range (dropped) and a cap below one peer's count
-// (overflow) are in every case; outputs are poisoned first.
+// Expert parallelism's send side on the GPU (dist/ep_send_sm90.cuh) against dist::token_segments_ref,
+// no NCCL: the token rows with their slots' ids, weights and return rows, padding, every route's
+// return row and the overflow, in one part and in three, with caps below a rank's tokens and
+// routes and with caps nothing reaches. Ids out of range (dropped) in every case; outputs are
+// poisoned first.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -45,98 +46,88 @@ TEST(EpSendGpu, SegmentsEqualTheReferenceLayout) {
     w[s] = float(rng() % 1000) / 1000.0f + 0.001f;
   }
   for (uint16_t& h : hidden) h = uint16_t(rng());
-  const SendLayout ref = send_layout_ref(pl, ids.data(), T, k);
   EpTables tab{};
   for (int e = 0; e < E; ++e) {
     tab.owner[e] = uint16_t(pl.owner[size_t(e)]);
     tab.local[e] = uint16_t(pl.local_index[size_t(e)]);
   }
-  for (const int chunks : {1, 3}) {
-    SCOPED_TRACE("chunks " + std::to_string(chunks));
-    const int cap = 66;  // below rank 2's count, a multiple of both part counts
-    ASSERT_GT(ref.counts[2], cap);
+  struct Case {
+    int chunks, tokens_per_peer, rows_per_peer;
+  };
+  for (const Case cs : {Case{1, 40, 66}, Case{3, 48, 66}, Case{3, 78, 309}}) {
+    const int C = cs.chunks, tcap = cs.tokens_per_peer, rcap = cs.rows_per_peer;
+    SCOPED_TRACE("parts " + std::to_string(C) + " caps " + std::to_string(tcap) + "/" + std::to_string(rcap));
+    const TokenSegments ref = token_segments_ref(pl, ids.data(), T, k, tcap, rcap, C);
+    if (tcap < T) ASSERT_GT(ref.tokens_to[2], tcap);  // the tight caps bind
+    if (tcap >= T) EXPECT_EQ(ref.overflow, 0);
+    EXPECT_GT(ref.dropped, 0);
+    const size_t R = ids.size(), rows = size_t(P * tcap);
     DeviceBuffer d_ids = DeviceBuffer::from(ids), d_w = DeviceBuffer::from(w), d_h = DeviceBuffer::from(hidden);
-    DeviceBuffer dest(ids.size() * 4), offsets(size_t(P + 1) * 4), route_row(ids.size() * 4),
-        row_token(ids.size() * 4), row_weight(ids.size() * 4), slot_row(ids.size() * 4), status(sizeof(LayerStatus)),
-        slices(dispatch_slice_count_bytes(T, k, P)), send_x(size_t(P * cap * H) * 2), send_ids(size_t(P * cap) * 4),
-        send_w(size_t(P * cap) * 4), overflow(4);
-    for (DeviceBuffer* b : {&dest, &offsets, &route_row, &slot_row, &send_x, &send_ids, &send_w, &overflow})
+    DeviceBuffer dest(R * 4), mark(R * 4), tok_off(size_t(P + 2) * 4), tok_row(R * 4), bucket(R * 4),
+        ret_off(size_t(P * C + 2) * 4), ret_row(R * 4), row_token(R * 4), row_weight(R * 4),
+        slices(ep_send_slice_count_bytes(T, k, P, C)), scratch(sizeof(LayerStatus)), status(sizeof(LayerStatus)),
+        send_x(rows * H * 2), send_ids(rows * k * 4), send_w(rows * k * 4), send_ret(rows * k * 4),
+        slot_row(R * 4), overflow(4);
+    for (DeviceBuffer* b : {&status, &send_x, &send_ids, &send_w, &send_ret, &slot_row, &overflow})
       test::fill(b->get(), 0x7f, b->bytes());
     EpSendParams sp;
     sp.hidden = d_h.as<uint16_t>();
     sp.ids = d_ids.as<int32_t>();
     sp.weights = d_w.as<float>();
-    sp.dest = dest.as<int32_t>();
-    sp.offsets = offsets.as<int32_t>();
-    sp.route_row = route_row.as<int32_t>();
     sp.tokens = T;
     sp.topk = k;
     sp.hidden_dim = H;
     sp.experts = E;
     sp.ranks = P;
-    sp.rows_per_peer = cap;
-    sp.chunks = chunks;
+    sp.chunks = C;
+    sp.tokens_per_peer = tcap;
+    sp.rows_per_peer = rcap;
+    sp.dest = dest.as<int32_t>();
+    sp.mark = mark.as<int32_t>();
+    sp.tok_offsets = tok_off.as<int32_t>();
+    sp.tok_row = tok_row.as<int32_t>();
+    sp.bucket = bucket.as<int32_t>();
+    sp.ret_offsets = ret_off.as<int32_t>();
+    sp.ret_row = ret_row.as<int32_t>();
+    sp.row_token = row_token.as<int32_t>();
+    sp.row_weight = row_weight.as<float>();
+    sp.slice_counts = slices.as<int32_t>();
+    sp.scratch_status = scratch.as<LayerStatus>();
+    sp.status = status.as<LayerStatus>();
     sp.send_x = send_x.as<uint16_t>();
     sp.send_ids = send_ids.as<int32_t>();
     sp.send_w = send_w.as<float>();
+    sp.send_ret = send_ret.as<int32_t>();
     sp.slot_row = slot_row.as<int32_t>();
     sp.overflow = overflow.as<uint32_t>();
     test::Stream stream;
-    launch_ep_owner(tab, sp, stream.get());
-    DispatchParams dp;
-    dp.topk_ids = sp.dest;
-    dp.topk_weights = sp.weights;
-    dp.tokens = T;
-    dp.topk = k;
-    dp.experts = P;
-    dp.offsets = offsets.as<int32_t>();
-    dp.route_row = route_row.as<int32_t>();
-    dp.row_token = row_token.as<int32_t>();
-    dp.row_weight = row_weight.as<float>();
-    dp.status = status.as<LayerStatus>();
-    dp.slice_counts = slices.as<int32_t>();
-    launch_dispatch(dp, stream.get(), false);
-    launch_ep_pack_rows(tab, sp, stream.get());
-    launch_ep_pad_segments(sp, stream.get());
+    launch_ep_send(tab, sp, stream.get());
     LOOM_CUDA_CHECK(cudaStreamSynchronize(stream.get()));
 
-    const auto g_off = offsets.to_host<int32_t>();
-    for (int q = 0; q <= P; ++q) ASSERT_EQ(g_off[size_t(q)], ref.offsets[size_t(q)]) << "offset " << q;
-    uint32_t over = 0;
-    for (int q = 0; q < P; ++q) over += uint32_t(std::max<int64_t>(0, ref.counts[size_t(q)] - cap));
-    EXPECT_EQ(overflow.to_host<uint32_t>()[0], over);
-    const auto g_slot = slot_row.to_host<int32_t>();
+    EXPECT_EQ(overflow.to_host<uint32_t>()[0], uint32_t(ref.overflow));
+    EXPECT_EQ(status.to_host<LayerStatus>()[0].dropped_routes, uint32_t(ref.dropped));
+    EXPECT_TRUE(slot_row.to_host<int32_t>() == ref.slot_row) << "the routes' return rows differ";
     const auto g_x = send_x.to_host<uint16_t>();
     const auto g_ids = send_ids.to_host<int32_t>();
     const auto g_w = send_w.to_host<float>();
-    std::vector<int> filled(size_t(P * cap), 0);
-    for (int s = 0; s < T * k; ++s) {
-      const int32_t pos = ref.position[size_t(s)];
-      int32_t want = -1;
-      if (pos >= 0) {
-        const int q = pl.owner[size_t(ids[size_t(s)])];
-        const int i = pos - int(ref.offsets[size_t(q)]);
-        if (i < cap) want = ep_send_row(q, i, P, cap, chunks);
+    const auto g_ret = send_ret.to_host<int32_t>();
+    int sent_rows = 0;
+    for (size_t r = 0; r < rows; ++r) {
+      for (int j = 0; j < k; ++j) {
+        const size_t a = r * k + size_t(j);
+        ASSERT_EQ(g_ids[a], ref.ids[a]) << "row " << r << " slot " << j;
+        ASSERT_EQ(g_ret[a], ref.ret[a]) << "row " << r << " slot " << j;
+        ASSERT_EQ(g_w[a], ref.slot[a] < 0 ? 0.0f : w[size_t(ref.slot[a])]) << "row " << r << " slot " << j;
       }
-      ASSERT_EQ(g_slot[size_t(s)], want) << "slot " << s;
-      if (want < 0) continue;
-      filled[size_t(want)] = 1;
-      EXPECT_EQ(g_ids[size_t(want)], ref.local_expert[size_t(pos)]) << "slot " << s;
-      EXPECT_EQ(g_w[size_t(want)], w[size_t(s)]) << "slot " << s;
+      const int32_t t = ref.token[r];
+      if (t < 0) continue;  // padding: its values are not read
+      ++sent_rows;
       for (int h = 0; h < H; ++h)
-        ASSERT_EQ(g_x[size_t(want) * H + size_t(h)], hidden[size_t(s / k) * H + size_t(h)]) << "slot " << s;
+        ASSERT_EQ(g_x[r * H + size_t(h)], hidden[size_t(t) * H + size_t(h)]) << "row " << r;
     }
-    // Every other row is padding: id -1, weight 0; each sent row's place is distinct and in range.
-    int sent = 0;
-    for (int r = 0; r < P * cap; ++r) {
-      sent += filled[size_t(r)];
-      if (filled[size_t(r)]) continue;
-      EXPECT_EQ(g_ids[size_t(r)], -1) << "row " << r;
-      EXPECT_EQ(g_w[size_t(r)], 0.0f) << "row " << r;
-    }
-    int64_t want_sent = 0;
-    for (int q = 0; q < P; ++q) want_sent += std::min<int64_t>(ref.counts[size_t(q)], cap);
-    EXPECT_EQ(sent, want_sent);
+    int64_t want_rows = 0;
+    for (int q = 0; q < P; ++q) want_rows += std::min<int64_t>(ref.tokens_to[size_t(q)], tcap);
+    EXPECT_EQ(sent_rows, want_rows);
   }
 }
 

@@ -32,8 +32,9 @@ usage:
   loom info [options]    show the device and the plan loom would use for a shape: what each range
                          of token counts launches, and the GEMM configs; --device h200|h100 plans
                          for a described device (no GPU needed), --gemm-config and
-                         --gemm2-config KEY as in bench; --ep N [--ep-rank r --rows-per-peer R
-                         --ep-chunks C --comm-sms S] one rank's expert-parallel plan
+                         --gemm2-config KEY as in bench; --ep N [--ep-rank r --tokens-per-peer N
+                         --rows-per-peer R --ep-chunks C --comm-sms S] one rank's expert-parallel
+                         plan
   loom help              this text
 
 workload options (bench, info):
@@ -66,7 +67,9 @@ bench options:
                          traced point; prints the medians (a -DLOOM_CHAIN_TRACE=ON build only)
   --ep N                 expert parallelism over N GPUs, one process a rank (a build with NCCL):
                          the ffn layer with each rank's own T tokens, its e2e, its local experts
-                         alone and the exchange (the difference); --rows-per-peer R sets the cap;
+                         alone and the exchange (the difference); --tokens-per-peer N and
+                         --rows-per-peer R set the caps of token rows sent to and route outputs
+                         returned from one peer;
                          --ep-chunks C[,C...] times each part count in turn (the exchange of one part
                          overlapping the GEMMs of another; default 1) and --comm-sms S the SMs the
                          local GEMMs leave to NCCL when parted (default 16)
@@ -137,8 +140,8 @@ std::vector<std::string> rest(int argc, char** argv) { return std::vector<std::s
 int cmd_bench(int argc, char** argv) {
   std::set<std::string> valued = kWorkloadFlags;
   valued.insert({"reps", "warmup", "json", "csv", "max-copies", "max-cpu-gflop", "trace-chain", "gemm-config",
-                 "gemm2-config", "weights", "ep", "rows-per-peer", "ep-chunks", "comm-sms", "ep-rank", "ep-id",
-                 "ep-out"});
+                 "gemm2-config", "weights", "ep", "rows-per-peer", "tokens-per-peer", "ep-chunks", "comm-sms",
+                 "ep-rank", "ep-id", "ep-out"});
   const Args a(rest(argc, argv), valued,
                {"no-renorm", "sweep", "no-sol", "deterministic", "no-pdl", "eager", "no-check", "no-fuse", "no-bins",
                 "dist-logits"});
@@ -180,6 +183,7 @@ int cmd_bench(int argc, char** argv) {
     ep.base = opt;
     ep.ranks = int(a.integer("ep", 1));
     ep.rows_per_peer = a.integer("rows-per-peer", 0);
+    ep.tokens_per_peer = a.integer("tokens-per-peer", 0);
     ep.comm_sms = int(a.integer("comm-sms", -1));
     if (a.has("ep-chunks")) {
       ep.chunks.clear();
@@ -222,7 +226,8 @@ int cmd_peaks(int argc, char** argv) {
 
 int cmd_info(int argc, char** argv) {
   std::set<std::string> valued = kWorkloadFlags;
-  valued.insert({"device", "gemm-config", "gemm2-config", "ep", "ep-rank", "rows-per-peer", "ep-chunks", "comm-sms"});
+  valued.insert({"device", "gemm-config", "gemm2-config", "ep", "ep-rank", "rows-per-peer", "tokens-per-peer",
+                 "ep-chunks", "comm-sms"});
   const Args a(rest(argc, argv), valued, {"no-renorm", "sweep", "deterministic", "no-pdl", "no-fuse", "no-bins"});
   const Workload w = parse_workload(a);
   std::cout << "loom " << loom::build_commit() << "\n";
@@ -264,6 +269,7 @@ int cmd_info(int argc, char** argv) {
     ep.size = int(a.integer("ep", 1));
     ep.rank = int(a.integer("ep-rank", 0));
     ep.rows_per_peer = a.integer("rows-per-peer", 0);
+    ep.tokens_per_peer = a.integer("tokens-per-peer", 0);
     ep.chunks = int(a.integer("ep-chunks", 1));
     ep.comm_sms = int(a.integer("comm-sms", -1));
     std::cout << loom::describe(loom::plan_ep(s, w.routing, opt, ep, *spec));

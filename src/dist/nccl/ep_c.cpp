@@ -53,6 +53,7 @@ void loom_ep_default(loom_ep_t* ep) {
   ep->rows_per_peer = d.rows_per_peer;
   ep->chunks = d.chunks;
   ep->comm_sms = d.comm_sms;
+  ep->tokens_per_peer = d.tokens_per_peer;
 }
 
 loom_status_code loom_nccl_unique_id(uint8_t* id) {
@@ -108,6 +109,7 @@ loom_status_code loom_ep_plan_create(const loom_shape_t* shape, const loom_routi
     e.rows_per_peer = ep->rows_per_peer;
     e.chunks = ep->chunks;
     e.comm_sms = ep->comm_sms;
+    e.tokens_per_peer = ep->tokens_per_peer;
     auto handle = std::make_unique<loom_ep_plan_s>();
     handle->plan = loom::plan_ep(loom::capi::to_shape(*shape), loom::capi::to_routing(*routing),
                                  loom::capi::to_options(*options), e);

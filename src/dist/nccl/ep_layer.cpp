@@ -1,6 +1,7 @@
-// Expert parallelism's plan and run (include/loom/dist.hpp): route, the send layout (dist/ep_send),
-// grouped NCCL send/recv of fixed segments, the local plan on the received rows, the outputs back,
-// the slot-order combine (gemm/combine_rows). Built into libloom_dist (NCCL) apart from libloom.
+// Expert parallelism's plan and run (include/loom/dist.hpp): route, the token rows (dist/ep_send),
+// grouped NCCL send/recv of fixed segments, the local plan on the received token rows up to the
+// weighted route rows, those rows back (dist/ep_return_rows), the slot-order combine
+// (gemm/combine_rows). Built into libloom_dist (NCCL) apart from libloom.
 #include <nccl.h>
 
 #include <algorithm>
@@ -9,12 +10,12 @@
 #include <vector>
 
 #include "common/cuda_check.hpp"
-#include "dispatch/dispatch_sm90.cuh"
 #include "dist/ep_buffers.hpp"
 #include "dist/ep_send_sm90.cuh"
 #include "dist/placement.hpp"
 #include "gemm/combine_rows_sm90.cuh"
 #include "loom/dist.hpp"
+#include "pipeline/moe_pipeline.hpp"
 #include "route/route_topk_sm90.cuh"
 
 namespace loom {
@@ -106,6 +107,7 @@ EpPlan plan_ep(const Shape& max_shape, const Routing& routing, const Options& op
   bs.hidden = s.hidden;
   bs.dtype = DType::bf16;  // the rows travel in bf16
   bs.ranks = ep.size;
+  bs.tokens_per_peer = ep.tokens_per_peer;
   bs.rows_per_peer = ep.rows_per_peer;
   bs.chunks = ep.chunks;
   const dist::Buffers buf = dist::buffer_bytes(bs);
@@ -113,57 +115,69 @@ EpPlan plan_ep(const Shape& max_shape, const Routing& routing, const Options& op
   if (comm_sms < 0 || comm_sms > device.sm_count / 2)
     throw Error("expert parallelism: comm_sms must be in [0, " + std::to_string(device.sm_count / 2) + "], got " +
                 std::to_string(comm_sms));
-  if (int64_t(ep.size) * buf.rows_per_peer * s.hidden >= (int64_t(1) << 31))
-    throw Error("expert parallelism: P x rows_per_peer x H must stay below 2^31 (32-bit row offsets)");
+  if (int64_t(ep.size) * std::max(buf.rows_per_peer, buf.tokens_per_peer * s.topk) * s.hidden >= (int64_t(1) << 31))
+    throw Error("expert parallelism: P x rows_per_peer x H and P x tokens_per_peer x k x H must stay below 2^31 "
+                "(32-bit row offsets)");
 
   EpPlan p;
   p.shape = s;
   p.routing = routing;
   p.options = options;
   p.ep = ep;
+  p.tokens_per_peer = buf.tokens_per_peer;
   p.rows_per_peer = buf.rows_per_peer;
   p.chunks = ep.chunks;
+  p.chunk_tokens = p.tokens_per_peer / p.chunks;
   p.chunk_rows = p.rows_per_peer / p.chunks;
   p.comm_sms = comm_sms;
   p.streams = std::make_shared<EpStreams>();
   p.local_experts = pl.local_experts;
   p.owner = pl.owner;
   p.local_index = pl.local_index;
-  // The owner's run, once a part: every received row is one route of weight w to a local expert;
-  // deterministic, so each returned row is GEMM 2's weighted row rounded to bf16, as the one-GPU
-  // combine sums them. With parts, on the SMs NCCL's kernels leave.
-  Shape ls{int64_t(ep.size) * p.chunk_rows, s.hidden, s.inter, int64_t(pl.local_experts.size()), 1, Mode::ffn,
+  // The owner's run, once a part: the received token rows with the layer's k slots, -1 in the slots
+  // of other ranks' experts and in padding rows; deterministic, so each route's weighted row is
+  // GEMM 2's rounded to bf16, as the one-GPU combine sums them. With parts, on the SMs NCCL's
+  // kernels leave.
+  Shape ls{int64_t(ep.size) * p.chunk_tokens, s.hidden, s.inter, int64_t(pl.local_experts.size()), s.topk, Mode::ffn,
            s.dtype};
   Options lo = options;
   lo.deterministic = true;
-  lo.debug_checks = false;  // padding rows are dropped routes by design
+  lo.debug_checks = false;  // the slots of other ranks' experts are dropped routes by design
   DeviceSpec ld = device;
   ld.sm_count -= comm_sms;
-  p.local = plan(ls, Routing{}, lo, ld);
+  p.local = plan_routed(ls, lo, ld);  // k slots, of which only this rank's experts are valid
 
-  const int64_t R = s.tokens * s.topk, P = ep.size, rows = P * p.rows_per_peer, H = s.hidden;
+  const int64_t R = s.tokens * s.topk, P = ep.size, H = s.hidden, k = s.topk;
+  const int64_t tok_rows = P * p.tokens_per_peer, ret_rows = P * p.rows_per_peer;
   size_t cur = 0;
   EpPlan::Layout& L = p.layout;
   L.topk_ids = carve(cur, size_t(R) * 4);
   L.topk_weights = carve(cur, size_t(R) * 4);
   L.nan_flags = carve(cur, size_t(s.tokens));
   L.dest = carve(cur, size_t(R) * 4);
-  L.offsets = carve(cur, size_t(P + 1) * 4);
-  L.route_row = carve(cur, size_t(R) * 4);
+  L.mark = carve(cur, size_t(R) * 4);
+  L.tok_offsets = carve(cur, size_t(P + 2) * 4);
+  L.tok_row = carve(cur, size_t(R) * 4);
+  L.bucket = carve(cur, size_t(R) * 4);
+  L.ret_offsets = carve(cur, size_t(P * p.chunks + 2) * 4);
+  L.ret_row = carve(cur, size_t(R) * 4);
   L.row_token = carve(cur, size_t(R) * 4);
   L.row_weight = carve(cur, size_t(R) * 4);
-  L.slice_counts = carve(cur, dispatch_slice_count_bytes(s.tokens, s.topk, P));
+  L.slice_counts = carve(cur, dist::ep_send_slice_count_bytes(s.tokens, s.topk, ep.size, p.chunks));
   L.status = carve(cur, sizeof(LayerStatus));
+  L.scratch_status = carve(cur, sizeof(LayerStatus));
   L.overflow = carve(cur, 4);
   L.slot_row = carve(cur, size_t(R) * 4);
-  L.send_x = carve(cur, size_t(rows * H) * 2);
-  L.send_ids = carve(cur, size_t(rows) * 4);
-  L.send_w = carve(cur, size_t(rows) * 4);
-  L.recv_x = carve(cur, size_t(rows * H) * 2);
-  L.recv_ids = carve(cur, size_t(rows) * 4);
-  L.recv_w = carve(cur, size_t(rows) * 4);
-  L.out_local = carve(cur, size_t(rows * H) * 2);
-  L.out_back = carve(cur, size_t(rows * H) * 2);
+  L.send_x = carve(cur, size_t(tok_rows * H) * 2);
+  L.send_ids = carve(cur, size_t(tok_rows * k) * 4);
+  L.send_w = carve(cur, size_t(tok_rows * k) * 4);
+  L.send_ret = carve(cur, size_t(tok_rows * k) * 4);
+  L.recv_x = carve(cur, size_t(tok_rows * H) * 2);
+  L.recv_ids = carve(cur, size_t(tok_rows * k) * 4);
+  L.recv_w = carve(cur, size_t(tok_rows * k) * 4);
+  L.recv_ret = carve(cur, size_t(tok_rows * k) * 4);
+  L.out_local = carve(cur, size_t(ret_rows * H) * 2);
+  L.out_back = carve(cur, size_t(ret_rows * H) * 2);
   L.local = carve(cur, workspace_bytes(p.local));
   L.total = cur;
   return p;
@@ -178,24 +192,24 @@ std::string describe(const EpPlan& p) {
   c.expert_rank = p.ep.expert_rank;
   std::string parts;
   if (p.chunks > 1)
-    parts = " in " + std::to_string(p.chunks) + " parts of " + std::to_string(p.chunk_rows) + ", the local GEMMs on " +
-            std::to_string(p.local.sm_count) + " SMs";
+    parts = " in " + std::to_string(p.chunks) + " parts, the local GEMMs on " + std::to_string(p.local.sm_count) +
+            " SMs";
   const EpPlan::Layout& L = p.layout;
   auto mib = [](size_t bytes) { return std::to_string((bytes + (1 << 19)) >> 20) + " MiB"; };
-  const std::string memory = "workspace " + mib(L.total) + ": rows sent " + mib(L.recv_x - L.send_x) +
-                             ", received " + mib(L.out_local - L.recv_x) + ", outputs " +
+  const std::string memory = "workspace " + mib(L.total) + ": token rows sent " + mib(L.recv_x - L.send_x) +
+                             ", received " + mib(L.out_local - L.recv_x) + ", route outputs " +
                              mib(L.local - L.out_local) + " (both ways), the local plan's " +
                              mib(L.total - L.local) + ", routing tables " + mib(L.send_x);
   return "expert parallelism: " + dist::describe(dist::make_placement(p.shape.experts, c)) + "; " +
-         std::to_string(p.rows_per_peer) + " rows per peer" + parts + "; " + describe(p.shape) + "\n" + memory +
-         "\nlocal plan:\n" + describe(p.local);
+         std::to_string(p.tokens_per_peer) + " tokens and " + std::to_string(p.rows_per_peer) +
+         " route outputs per peer" + parts + "; " + describe(p.shape) + "\n" + memory + "\nlocal plan:\n" +
+         describe(p.local);
 }
 
 void run_ep(const EpPlan& p, const Weights& local, const Inputs& in, void* output, void* workspace, ncclComm_t comm,
             cudaStream_t stream) {
   const Shape& s = p.shape;
   const int T = int(in.tokens), k = int(s.topk), E = int(s.experts), P = p.ep.size, H = int(s.hidden);
-  const int cap = int(p.rows_per_peer);
   if (in.tokens < 0 || in.tokens > s.tokens)
     throw Error("run_ep: tokens must be in [0, " + std::to_string(s.tokens) + "], got " + std::to_string(in.tokens));
   if (!workspace || !comm) throw Error("run_ep: null workspace or communicator");
@@ -228,84 +242,90 @@ void run_ep(const EpPlan& p, const Weights& local, const Inputs& in, void* outpu
     ids = rp.topk_ids;
     weights = rp.topk_weights;
   }
-  int32_t* offsets = at<int32_t>(workspace, L.offsets);
-  int32_t* route_row = at<int32_t>(workspace, L.route_row);
   dist::EpSendParams sp;
   sp.hidden = static_cast<const uint16_t*>(in.hidden);
   sp.ids = ids;
   sp.weights = weights;
-  sp.dest = at<int32_t>(workspace, L.dest);
-  sp.offsets = offsets;
-  sp.route_row = route_row;
+  sp.nan_flags = from_logits ? at<uint8_t>(workspace, L.nan_flags) : nullptr;
   sp.tokens = T;
   sp.topk = k;
   sp.hidden_dim = H;
   sp.experts = E;
   sp.ranks = P;
-  sp.rows_per_peer = cap;
   sp.chunks = p.chunks;
+  sp.tokens_per_peer = int(p.tokens_per_peer);
+  sp.rows_per_peer = int(p.rows_per_peer);
+  sp.dest = at<int32_t>(workspace, L.dest);
+  sp.mark = at<int32_t>(workspace, L.mark);
+  sp.tok_offsets = at<int32_t>(workspace, L.tok_offsets);
+  sp.tok_row = at<int32_t>(workspace, L.tok_row);
+  sp.bucket = at<int32_t>(workspace, L.bucket);
+  sp.ret_offsets = at<int32_t>(workspace, L.ret_offsets);
+  sp.ret_row = at<int32_t>(workspace, L.ret_row);
+  sp.row_token = at<int32_t>(workspace, L.row_token);
+  sp.row_weight = at<float>(workspace, L.row_weight);
+  sp.slice_counts = at<int32_t>(workspace, L.slice_counts);
+  sp.scratch_status = at<LayerStatus>(workspace, L.scratch_status);
+  sp.status = at<LayerStatus>(workspace, L.status);
   sp.send_x = at<uint16_t>(workspace, L.send_x);
   sp.send_ids = at<int32_t>(workspace, L.send_ids);
   sp.send_w = at<float>(workspace, L.send_w);
+  sp.send_ret = at<int32_t>(workspace, L.send_ret);
   sp.slot_row = at<int32_t>(workspace, L.slot_row);
   sp.overflow = at<uint32_t>(workspace, L.overflow);
-  if (T > 0) {
-    launch_ep_owner(tab, sp, stream);
-    // The ranks as "experts": counts, offsets and each route's position among its owner's, stable.
-    DispatchParams dp;
-    dp.topk_ids = sp.dest;
-    dp.topk_weights = weights;
-    dp.nan_flags = from_logits ? at<uint8_t>(workspace, L.nan_flags) : nullptr;
-    dp.tokens = T;
-    dp.topk = k;
-    dp.experts = P;
-    dp.offsets = offsets;
-    dp.route_row = route_row;
-    dp.row_token = at<int32_t>(workspace, L.row_token);
-    dp.row_weight = at<float>(workspace, L.row_weight);
-    dp.status = at<LayerStatus>(workspace, L.status);
-    dp.slice_counts = at<int32_t>(workspace, L.slice_counts);
-    launch_dispatch(dp, stream, false);
-    launch_ep_pack_rows(tab, sp, stream);
-  } else {  // nothing to send, but the peers' exchanges still need this rank's (empty) segments
-    LOOM_CUDA_CHECK(cudaMemsetAsync(offsets, 0, size_t(P + 1) * 4, stream));
-    LOOM_CUDA_CHECK(cudaMemsetAsync(at<void>(workspace, L.status), 0, sizeof(LayerStatus), stream));
-  }
-  launch_ep_pad_segments(sp, stream);
+  dist::launch_ep_send(tab, sp, stream);
 
-  // Every peer's whole segment each way, part by part: sizes the host knows, so the exchange is
-  // capturable. Part c's rows are [c][q][chunk_rows] in every buffer (dist::ep_send_row); the
-  // returned outputs land where their routes were sent, so slot_row finds them.
-  const int C = p.chunks, per = int(p.chunk_rows);
-  const size_t part = size_t(P) * size_t(per);
+  // Every peer's whole segments each way, part by part: sizes the host knows, so the exchange is
+  // capturable. Part c's rows are [c][q][chunk rows] in every buffer (dist::ep_send_row); each
+  // route's output comes back to the return row its token row carried, where slot_row finds it.
+  const int C = p.chunks, tc = int(p.chunk_tokens), rc = int(p.chunk_rows);
+  const size_t tok_part = size_t(P) * size_t(tc), ret_part = size_t(P) * size_t(rc);
   auto rows_at = [&](size_t offset, size_t row) { return at<uint16_t>(workspace, offset) + row * size_t(H); };
+  auto slots_at = [&](size_t offset, size_t row) { return at<int32_t>(workspace, offset) + row * size_t(k); };
   auto dispatch_part = [&](int c, cudaStream_t st) {
     nccl_check(ncclGroupStart(), "ncclGroupStart");
-    for (int q = 0; q < P && per > 0; ++q) {
-      const size_t r = size_t(c) * part + size_t(q) * size_t(per), n = size_t(per);
+    for (int q = 0; q < P && tc > 0; ++q) {
+      const size_t r = size_t(c) * tok_part + size_t(q) * size_t(tc), n = size_t(tc), nk = n * size_t(k);
       nccl_check(ncclSend(rows_at(L.send_x, r), n * size_t(H), ncclBfloat16, q, comm, st), "ncclSend rows");
-      nccl_check(ncclSend(sp.send_ids + r, n, ncclInt32, q, comm, st), "ncclSend ids");
-      nccl_check(ncclSend(sp.send_w + r, n, ncclFloat32, q, comm, st), "ncclSend weights");
+      nccl_check(ncclSend(slots_at(L.send_ids, r), nk, ncclInt32, q, comm, st), "ncclSend ids");
+      nccl_check(ncclSend(slots_at(L.send_w, r), nk, ncclFloat32, q, comm, st), "ncclSend weights");
+      nccl_check(ncclSend(slots_at(L.send_ret, r), nk, ncclInt32, q, comm, st), "ncclSend return rows");
       nccl_check(ncclRecv(rows_at(L.recv_x, r), n * size_t(H), ncclBfloat16, q, comm, st), "ncclRecv rows");
-      nccl_check(ncclRecv(at<int32_t>(workspace, L.recv_ids) + r, n, ncclInt32, q, comm, st), "ncclRecv ids");
-      nccl_check(ncclRecv(at<float>(workspace, L.recv_w) + r, n, ncclFloat32, q, comm, st), "ncclRecv weights");
+      nccl_check(ncclRecv(slots_at(L.recv_ids, r), nk, ncclInt32, q, comm, st), "ncclRecv ids");
+      nccl_check(ncclRecv(slots_at(L.recv_w, r), nk, ncclFloat32, q, comm, st), "ncclRecv weights");
+      nccl_check(ncclRecv(slots_at(L.recv_ret, r), nk, ncclInt32, q, comm, st), "ncclRecv return rows");
     }
     nccl_check(ncclGroupEnd(), "ncclGroupEnd");
   };
-  // This rank's experts on part c's received rows; padding rows (id -1) are dropped routes there.
+  // This rank's experts on part c's token rows, up to each route's weighted row, then those rows
+  // into the return segments; slots with id -1 (other ranks' experts, padding) are dropped there.
   auto compute_part = [&](int c, cudaStream_t st) {
-    const size_t r = size_t(c) * part;
+    const size_t r = size_t(c) * tok_part;
+    void* lws = at<void>(workspace, L.local);
     Inputs li;
-    li.tokens = int64_t(part);
+    li.tokens = int64_t(tok_part);
     li.hidden = rows_at(L.recv_x, r);
-    li.topk_ids = at<int32_t>(workspace, L.recv_ids) + r;
-    li.topk_weights = at<float>(workspace, L.recv_w) + r;
-    if (li.tokens > 0) run(p.local, local, li, rows_at(L.out_local, r), at<void>(workspace, L.local), st);
+    li.topk_ids = slots_at(L.recv_ids, r);
+    li.topk_weights = reinterpret_cast<const float*>(slots_at(L.recv_w, r));
+    if (li.tokens == 0) return;
+    uint16_t* out_part = rows_at(L.out_local, size_t(c) * ret_part);
+    run_stages(p.local, local, li, out_part, lws, st, Stages::route_rows);
+    dist::EpReturnParams rp;
+    rp.recv_ret = slots_at(L.recv_ret, r);
+    rp.route_row = at<int32_t>(lws, p.local.layout.route_row);
+    rp.y = at<uint16_t>(lws, p.local.layout.y);
+    rp.rows = int(tok_part);
+    rp.topk = k;
+    rp.hidden_dim = H;
+    rp.tokens_per_source = tc;
+    rp.rows_per_source = rc;
+    rp.out = out_part;
+    dist::launch_ep_return_rows(rp, st);
   };
   auto return_part = [&](int c, cudaStream_t st) {
     nccl_check(ncclGroupStart(), "ncclGroupStart");
-    for (int q = 0; q < P && per > 0; ++q) {
-      const size_t r = size_t(c) * part + size_t(q) * size_t(per), n = size_t(per) * size_t(H);
+    for (int q = 0; q < P && rc > 0; ++q) {
+      const size_t r = size_t(c) * ret_part + size_t(q) * size_t(rc), n = size_t(rc) * size_t(H);
       nccl_check(ncclSend(rows_at(L.out_local, r), n, ncclBfloat16, q, comm, st), "ncclSend outputs");
       nccl_check(ncclRecv(rows_at(L.out_back, r), n, ncclBfloat16, q, comm, st), "ncclRecv outputs");
     }

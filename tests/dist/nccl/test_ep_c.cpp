@@ -23,6 +23,7 @@ TEST(EpCApi, DefaultsMirrorTheCppApi) {
   EXPECT_EQ(ep.expert_rank, nullptr);
   EXPECT_EQ(ep.expert_rank_count, 0);
   EXPECT_EQ(ep.rows_per_peer, d.rows_per_peer);
+  EXPECT_EQ(ep.tokens_per_peer, d.tokens_per_peer);
   EXPECT_EQ(ep.chunks, d.chunks);
   EXPECT_EQ(ep.comm_sms, d.comm_sms);
   loom_ep_default(nullptr);  // no crash

@@ -4,12 +4,13 @@
 //     logits and from ids, from a graph replay too; FP8 within the layer's tolerance (the local
 //     plan's batch may choose other GEMM configs);
 //   - in parts (the chunked overlap), eagerly and from a graph, and with no tokens, the same bits;
-//   - a cap below the routes counts the ones it could not send;
+//   - caps below the tokens or the routes count the routes they could not send;
 //   - with two GPUs or more, P ranks (a thread each) equal the one-GPU layer on all their tokens,
 //     bit for bit, one rank with no tokens, balanced and skewed, unsplit and in parts.
 // NCCL_NVLS_ENABLE=0 (NVLink multicast off) before any communicator.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <string>
 #include <thread>
@@ -147,7 +148,11 @@ TEST(EpLayerGpu, OneRankEqualsTheLayer) {
   for (const DType dt : {DType::bf16, DType::fp8}) {
     for (const bool from_logits : {true, false}) {
       SCOPED_TRACE(std::string(to_string(dt)) + (from_logits ? " logits" : " ids"));
-      const Layer l = make_layer(40, dt, "random", seed);
+      Layer l = make_layer(40, dt, "random", seed);
+      if (!from_logits) {  // two ids out of range: dropped alike, the slots -1 in the token rows
+        l.routes.topk.ids[1] = int32_t(l.shape.experts);
+        l.routes.topk.ids[6] = -1;
+      }
       const DeviceWeights dw = upload(l.w);
       const std::vector<uint16_t> want = one_gpu(l, dw, from_logits);
       ExpertParallel ep;  // one rank: every expert local, the weights as they are
@@ -164,7 +169,7 @@ TEST(EpLayerGpu, OneRankEqualsTheLayer) {
       const std::vector<uint16_t> got = to_bits(out, l.shape.tokens * l.shape.hidden);
       const EpStatus st = read_status(p, ws.get(), stream.get());
       EXPECT_EQ(st.overflow_routes, 0u);
-      EXPECT_EQ(st.dropped_routes, 0u);
+      EXPECT_EQ(st.dropped_routes, from_logits ? 0u : 2u);
       if (dt == DType::bf16) {
         EXPECT_TRUE(got == want) << "differs from the one-GPU layer";
       } else {
@@ -203,6 +208,7 @@ TEST(EpLayerGpu, PartsEqualTheLayer) {
     ep.chunks = chunks;
     const EpPlan p = plan_ep(l.shape, Routing{}, Options{}, ep);
     ASSERT_EQ(p.rows_per_peer % chunks, 0);
+    ASSERT_EQ(p.tokens_per_peer % chunks, 0);
     DeviceBuffer ws(workspace_bytes(p)), out(size_t(l.shape.tokens * l.shape.hidden) * 2);
     test::fill(ws.get(), 0xff, ws.bytes());
     test::fill(out.get(), 0xff, out.bytes());
@@ -231,15 +237,35 @@ TEST(EpLayerGpu, ACapBelowTheRoutesCountsWhatItCouldNotSend) {
   ASSERT_NE(comm, nullptr);
   const Layer l = make_layer(40, DType::bf16, "random", seed);
   const DeviceWeights dw = upload(l.w);
-  ExpertParallel ep;
-  ep.rows_per_peer = 64;  // of 160 routes
-  const EpPlan p = plan_ep(l.shape, Routing{}, Options{}, ep);
-  DeviceBuffer ws(workspace_bytes(p)), out(size_t(l.shape.tokens * l.shape.hidden) * 2);
   const DeviceInputs d = upload_inputs(l, true);
   const Inputs& in = d.in;
   test::Stream stream;
-  run_ep(p, dw.view(), in, out.get(), ws.get(), comm, stream.get());
-  EXPECT_EQ(read_status(p, ws.get(), stream.get()).overflow_routes, 160u - 64u);
+  ExpertParallel ep;
+  ep.rows_per_peer = 64;  // of 160 routes
+  {
+    const EpPlan p = plan_ep(l.shape, Routing{}, Options{}, ep);
+    DeviceBuffer ws(workspace_bytes(p)), out(size_t(l.shape.tokens * l.shape.hidden) * 2);
+    run_ep(p, dw.view(), in, out.get(), ws.get(), comm, stream.get());
+    EXPECT_EQ(read_status(p, ws.get(), stream.get()).overflow_routes, 160u - 64u);
+  }
+  {
+    ExpertParallel few = ep;
+    few.rows_per_peer = 0;
+    few.tokens_per_peer = 10;  // of 40 tokens, each with its 4 routes to this rank
+    const EpPlan p = plan_ep(l.shape, Routing{}, Options{}, few);
+    DeviceBuffer ws(workspace_bytes(p)), out(size_t(l.shape.tokens * l.shape.hidden) * 2);
+    test::fill(out.get(), 0xff, out.bytes());
+    run_ep(p, dw.view(), in, out.get(), ws.get(), comm, stream.get());
+    EXPECT_EQ(read_status(p, ws.get(), stream.get()).overflow_routes, 160u - 40u);
+    // The first 10 tokens as the layer computes them; the rest get nothing (zero), never garbage.
+    const std::vector<uint16_t> want = one_gpu(l, dw, true), got = to_bits(out, l.shape.tokens * l.shape.hidden);
+    const size_t sent = size_t(10 * l.shape.hidden);
+    EXPECT_TRUE(std::equal(got.begin(), got.begin() + sent, want.begin())) << "a sent token differs";
+    EXPECT_TRUE(std::all_of(got.begin() + sent, got.end(), [](uint16_t b) { return b == 0; }))
+        << "a token past the cap is not zero";
+  }
+  DeviceBuffer ws(workspace_bytes(plan_ep(l.shape, Routing{}, Options{}, ep))),
+      out(size_t(l.shape.tokens * l.shape.hidden) * 2);
   Options checked;
   checked.debug_checks = true;
   const EpPlan pc = plan_ep(l.shape, Routing{}, checked, ep);

@@ -212,6 +212,7 @@ void run_ep_bench_rank(const EpBenchOptions& opt, int rank, const std::string& i
     for (const int64_t t : b.tokens) {
       ep.chunks = chunks;
       ep.rows_per_peer = std::min(opt.rows_per_peer, std::max<int64_t>(t, 1) * b.shape.topk);
+      ep.tokens_per_peer = std::min(opt.tokens_per_peer, std::max<int64_t>(t, 1));
       Shape s = b.shape;
       s.tokens = std::max<int64_t>(t, 1);
       const EpPlan p = plan_ep(s, b.routing, b.layer, ep);

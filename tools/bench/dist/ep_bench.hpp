@@ -20,7 +20,8 @@ namespace loom::bench {
 struct EpBenchOptions {
   BenchOptions base;  // shape (all E experts), routing, tokens per rank, distribution, seed, timer, options
   int ranks = 1;
-  int64_t rows_per_peer = 0;  // 0: plan_ep's default cap; else at most T k of each token count
+  int64_t rows_per_peer = 0;    // 0: plan_ep's default cap; else at most T k of each token count
+  int64_t tokens_per_peer = 0;  // 0: plan_ep's default cap; else at most each token count
   std::vector<int> chunks{1};  // each a plan (ExpertParallel::chunks), timed in turn in the same run
   int comm_sms = -1;           // ExpertParallel::comm_sms
 };

@@ -1,0 +1,33 @@
+// Each sent route's (rank, part) bucket from its token's position among the tokens to that rank
+// (ep_send_sm90.cuh). A thread per route.
+#include "common/cuda_check.hpp"
+#include "dist/ep_send_sm90.cuh"
+
+namespace loom::dist {
+namespace {
+
+__global__ void ep_buckets_kernel(const EpSendParams p) {
+  const int s = int(blockIdx.x) * int(blockDim.x) + int(threadIdx.x);
+  if (s >= p.tokens * p.topk) return;
+  const int32_t q = p.dest[s];
+  if (q < 0) {
+    p.bucket[s] = -1;
+    return;
+  }
+  int first = s - s % p.topk;  // the slot that carries the token's row to q
+  while (p.mark[first] != q) ++first;
+  const int i = p.tok_row[first] - p.tok_offsets[q];
+  p.bucket[s] = i < p.tokens_per_peer ? q * p.chunks + i % p.chunks : p.ranks * p.chunks;
+}
+
+}  // namespace
+
+void launch_ep_buckets(const EpSendParams& p, cudaStream_t stream) {
+  const int routes = p.tokens * p.topk;
+  if (routes == 0) return;
+  constexpr int kThreads = 256;
+  ep_buckets_kernel<<<(routes + kThreads - 1) / kThreads, kThreads, 0, stream>>>(p);
+  LOOM_CUDA_CHECK(cudaGetLastError());
+}
+
+}  // namespace loom::dist

@@ -1,0 +1,54 @@
+// Each (token, owner) pair's row into the owner's segment, with its k slots' local ids, weights and
+// return rows, and every route's slot_row (ep_send_sm90.cuh). A warp per route; the warp of the
+// slot that carries the token's row to its owner does the work for all the token's slots owned
+// there (lane j: slot j), the warp of a dropped route writes its slot_row; the rest return.
+#include "common/cuda_check.hpp"
+#include "dist/ep_send_sm90.cuh"
+
+namespace loom::dist {
+namespace {
+
+__global__ void ep_pack_tokens_kernel(const __grid_constant__ EpTables t, const EpSendParams p) {
+  const int warps = int(blockDim.x) / 32;
+  const int s = int(blockIdx.x) * warps + int(threadIdx.x) / 32, lane = int(threadIdx.x) % 32;
+  if (s >= p.tokens * p.topk) return;
+  const int32_t q = p.dest[s];
+  if (q < 0) {
+    if (lane == 0) p.slot_row[s] = -1;
+    return;
+  }
+  if (p.mark[s] != q) return;  // another slot of this token carries its row to q
+  const int t0 = s - s % p.topk, i = p.tok_row[s] - p.tok_offsets[q];
+  const bool mine = lane < p.topk && p.dest[t0 + lane] == q;
+  if (i >= p.tokens_per_peer) {  // the token is beyond q's token cap: none of its routes to q is sent
+    if (mine) p.slot_row[t0 + lane] = -1;
+    return;
+  }
+  const int row = ep_send_row(q, i, p.ranks, p.tokens_per_peer, p.chunks), c = i % p.chunks;
+  const int per_part = p.rows_per_peer / p.chunks, b = q * p.chunks + c;
+  if (lane < p.topk) {
+    const int s_j = t0 + lane;
+    const int pos = mine ? p.ret_row[s_j] - p.ret_offsets[b] : per_part;
+    const bool sent = pos < per_part;  // else beyond the return cap: the owner skips the slot
+    const int64_t r = int64_t(row) * p.topk + lane;
+    p.send_ids[r] = sent ? int32_t(t.local[p.ids[s_j]]) : -1;
+    p.send_w[r] = sent ? p.weights[s_j] : 0.0f;
+    p.send_ret[r] = sent ? pos : -1;
+    if (mine) p.slot_row[s_j] = sent ? (c * p.ranks + q) * per_part + pos : -1;
+  }
+  const uint4* src = reinterpret_cast<const uint4*>(p.hidden + int64_t(s / p.topk) * p.hidden_dim);
+  uint4* dst = reinterpret_cast<uint4*>(p.send_x + int64_t(row) * p.hidden_dim);
+  for (int v = lane; v < p.hidden_dim / 8; v += 32) dst[v] = src[v];
+}
+
+}  // namespace
+
+void launch_ep_pack_tokens(const EpTables& t, const EpSendParams& p, cudaStream_t stream) {
+  const int routes = p.tokens * p.topk;
+  if (routes == 0) return;
+  constexpr int kThreads = 256, kWarps = kThreads / 32;
+  ep_pack_tokens_kernel<<<(routes + kWarps - 1) / kWarps, kThreads, 0, stream>>>(t, p);
+  LOOM_CUDA_CHECK(cudaGetLastError());
+}
+
+}  // namespace loom::dist

@@ -1,0 +1,41 @@
+// The owner's side of the return (ep_send_sm90.cuh): each received route's weighted row, which the
+// local run left in y at its route_row, into its source's return segment at the row the source
+// sent with it. A warp per (row, slot), 16 bytes a lane.
+#include <string>
+
+#include "common/cuda_check.hpp"
+#include "dist/ep_send_sm90.cuh"
+
+namespace loom::dist {
+namespace {
+
+__global__ void ep_return_rows_kernel(const EpReturnParams p) {
+  const int warps = int(blockDim.x) / 32;
+  const int s = int(blockIdx.x) * warps + int(threadIdx.x) / 32, lane = int(threadIdx.x) % 32;
+  if (s >= p.rows * p.topk) return;
+  const int32_t ret = p.recv_ret[s];
+  if (ret < 0) return;
+  const int32_t src_row = p.route_row[s];  // >= 0: a slot with a return row has a local id
+  const int source = s / p.topk / p.tokens_per_source;
+  const uint4* src = reinterpret_cast<const uint4*>(p.y + int64_t(src_row) * p.hidden_dim);
+  uint4* dst = reinterpret_cast<uint4*>(p.out + (int64_t(source) * p.rows_per_source + ret) * p.hidden_dim);
+  for (int v = lane; v < p.hidden_dim / 8; v += 32) dst[v] = src[v];
+}
+
+}  // namespace
+
+void launch_ep_return_rows(const EpReturnParams& p, cudaStream_t stream) {
+  if (p.rows < 0 || p.topk < 1 || p.hidden_dim < 8 || p.hidden_dim % 8 || p.tokens_per_source < 1 ||
+      p.rows_per_source < 0 || p.rows % p.tokens_per_source)
+    throw Error("ep_return_rows: rows >= 0 whole sources, k >= 1 and H a positive multiple of 8");
+  if (p.rows == 0) return;
+  if (!p.recv_ret || !p.route_row || !p.y || !p.out) throw Error("ep_return_rows: null device pointer");
+  if (reinterpret_cast<uintptr_t>(p.y) % 16 || reinterpret_cast<uintptr_t>(p.out) % 16)
+    throw Error("ep_return_rows: y and the return rows must be 16-byte aligned");
+  constexpr int kThreads = 256, kWarps = kThreads / 32;
+  const int slots = p.rows * p.topk;
+  ep_return_rows_kernel<<<(slots + kWarps - 1) / kWarps, kThreads, 0, stream>>>(p);
+  LOOM_CUDA_CHECK(cudaGetLastError());
+}
+
+}  // namespace loom::dist

@@ -1,0 +1,67 @@
+// launch_ep_send (ep_send_sm90.cuh): the send side's checks, then its kernels and the two
+// dispatches in order on one stream.
+#include <algorithm>
+#include <string>
+
+#include "common/cuda_check.hpp"
+#include "dispatch/dispatch_sm90.cuh"
+#include "dist/ep_send_sm90.cuh"
+
+namespace loom::dist {
+
+size_t ep_send_slice_count_bytes(int64_t max_tokens, int64_t topk, int ranks, int chunks) {
+  return std::max(dispatch_slice_count_bytes(max_tokens, topk, ranks + 1),
+                  dispatch_slice_count_bytes(max_tokens, topk, int64_t(ranks) * chunks + 1));
+}
+
+void launch_ep_send(const EpTables& t, const EpSendParams& p, cudaStream_t stream) {
+  if (p.tokens < 0 || p.topk < 1 || p.topk > kGpuMaxTopk || p.experts < 1 || p.experts > kGpuMaxExperts ||
+      p.ranks < 1 || p.chunks < 1 || p.hidden_dim < 8 || p.hidden_dim % 8)
+    throw Error("ep_send: T >= 0, k in [1, " + std::to_string(kGpuMaxTopk) + "], E in [1, " +
+                std::to_string(kGpuMaxExperts) + "], P >= 1, C >= 1 and H a positive multiple of 8");
+  if (p.tokens_per_peer < 0 || p.rows_per_peer < 0 || p.tokens_per_peer % p.chunks || p.rows_per_peer % p.chunks)
+    throw Error("ep_send: tokens_per_peer and rows_per_peer must be >= 0 and multiples of the parts");
+  if (p.ranks * p.chunks + 1 > kGpuMaxExperts) throw Error("ep_send: P C + 1 buckets beyond the dispatch's experts");
+  const void* need[] = {p.dest,      p.mark,       p.tok_offsets, p.tok_row,        p.bucket,  p.ret_offsets,
+                        p.ret_row,   p.row_token,  p.row_weight,  p.scratch_status, p.status,  p.send_x,
+                        p.send_ids,  p.send_w,     p.send_ret,    p.slot_row,       p.overflow};
+  for (const void* ptr : need)
+    if (!ptr) throw Error("ep_send: null device pointer");
+  if (p.tokens > 0 && (!p.hidden || !p.ids || !p.weights)) throw Error("ep_send: null hidden, ids or weights");
+  if (reinterpret_cast<uintptr_t>(p.hidden) % 16 || reinterpret_cast<uintptr_t>(p.send_x) % 16)
+    throw Error("ep_send: hidden and the send rows must be 16-byte aligned");
+  if (p.tokens == 0) {  // no routes: every count zero, every row padding
+    LOOM_CUDA_CHECK(cudaMemsetAsync(p.tok_offsets, 0, size_t(p.ranks + 2) * 4, stream));
+    LOOM_CUDA_CHECK(cudaMemsetAsync(p.ret_offsets, 0, size_t(p.ranks * p.chunks + 2) * 4, stream));
+    LOOM_CUDA_CHECK(cudaMemsetAsync(p.status, 0, sizeof(LayerStatus), stream));
+    launch_ep_pad_segments(p, stream);
+    return;
+  }
+  launch_ep_owner(t, p, stream);
+  DispatchParams dp;  // the (token, rank) pairs, as P "experts" and one more for the other slots
+  dp.topk_ids = p.mark;
+  dp.topk_weights = p.weights;
+  dp.nan_flags = p.nan_flags;
+  dp.tokens = p.tokens;
+  dp.topk = p.topk;
+  dp.experts = p.ranks + 1;
+  dp.offsets = p.tok_offsets;
+  dp.route_row = p.tok_row;
+  dp.row_token = p.row_token;
+  dp.row_weight = p.row_weight;
+  dp.status = p.status;  // dropped = marks of -1 = ids out of range
+  dp.slice_counts = p.slice_counts;
+  launch_dispatch(dp, stream, false);
+  launch_ep_buckets(p, stream);
+  dp.topk_ids = p.bucket;  // the routes by (rank, part), and one more bucket for the unsent
+  dp.nan_flags = nullptr;
+  dp.experts = p.ranks * p.chunks + 1;
+  dp.offsets = p.ret_offsets;
+  dp.route_row = p.ret_row;
+  dp.status = p.scratch_status;
+  launch_dispatch(dp, stream, false);
+  launch_ep_pack_tokens(t, p, stream);
+  launch_ep_pad_segments(p, stream);
+}
+
+}  // namespace loom::dist
