@@ -75,6 +75,10 @@ struct EpPlan {
   std::vector<int32_t> owner, local_index;  // [E]
   Plan local;  // this rank's experts over one part's P x chunk_tokens token rows (k slots, deterministic)
   std::shared_ptr<EpStreams> streams;  // created on the plan's device; shared by the plan's copies
+  // A rank's own segments never leave it: the send kernels write them into its receive buffers and
+  // the owner's into its returned rows. true: they travel through NCCL as a peer's do (a send to
+  // itself), so one GPU's tests run the NCCL exchange too.
+  bool self_through_nccl = false;
   struct Layout {
     size_t topk_ids, topk_weights, nan_flags, dest, mark, tok_offsets, tok_row, bucket, ret_offsets, ret_row,
         row_token, row_weight, slice_counts, status, scratch_status, overflow, slot_row, send_x, send_ids, send_w,

@@ -26,18 +26,19 @@ __global__ void ep_pack_tokens_kernel(const __grid_constant__ EpTables t, const 
   }
   const int row = ep_send_row(q, i, p.ranks, p.tokens_per_peer, p.chunks), c = i % p.chunks;
   const int per_part = p.rows_per_peer / p.chunks, b = q * p.chunks + c;
+  const bool self = q == p.self_rank;  // straight into the receive buffers' same rows
   if (lane < p.topk) {
     const int s_j = t0 + lane;
     const int pos = mine ? p.ret_row[s_j] - p.ret_offsets[b] : per_part;
     const bool sent = pos < per_part;  // else beyond the return cap: the owner skips the slot
     const int64_t r = int64_t(row) * p.topk + lane;
-    p.send_ids[r] = sent ? int32_t(t.local[p.ids[s_j]]) : -1;
-    p.send_w[r] = sent ? p.weights[s_j] : 0.0f;
-    p.send_ret[r] = sent ? pos : -1;
+    (self ? p.recv_ids : p.send_ids)[r] = sent ? int32_t(t.local[p.ids[s_j]]) : -1;
+    (self ? p.recv_w : p.send_w)[r] = sent ? p.weights[s_j] : 0.0f;
+    (self ? p.recv_ret : p.send_ret)[r] = sent ? pos : -1;
     if (mine) p.slot_row[s_j] = sent ? (c * p.ranks + q) * per_part + pos : -1;
   }
   const uint4* src = reinterpret_cast<const uint4*>(p.hidden + int64_t(s / p.topk) * p.hidden_dim);
-  uint4* dst = reinterpret_cast<uint4*>(p.send_x + int64_t(row) * p.hidden_dim);
+  uint4* dst = reinterpret_cast<uint4*>((self ? p.recv_x : p.send_x) + int64_t(row) * p.hidden_dim);
   for (int v = lane; v < p.hidden_dim / 8; v += 32) dst[v] = src[v];
 }
 

@@ -23,9 +23,10 @@ __global__ void ep_pad_segments_kernel(const EpSendParams p) {
   const int r = j / p.topk, per_chunk = p.tokens_per_peer / p.chunks, c = r / (p.ranks * per_chunk);
   const int q = (r / per_chunk) % p.ranks, i = (r % per_chunk) * p.chunks + c;
   if (i >= p.tok_offsets[q + 1] - p.tok_offsets[q]) {
-    p.send_ids[j] = -1;
-    p.send_w[j] = 0.0f;
-    p.send_ret[j] = -1;
+    const bool self = q == p.self_rank;
+    (self ? p.recv_ids : p.send_ids)[j] = -1;
+    (self ? p.recv_w : p.send_w)[j] = 0.0f;
+    (self ? p.recv_ret : p.send_ret)[j] = -1;
   }
 }
 

@@ -18,7 +18,8 @@ __global__ void ep_return_rows_kernel(const EpReturnParams p) {
   const int32_t src_row = p.route_row[s];  // >= 0: a slot with a return row has a local id
   const int source = s / p.topk / p.tokens_per_source;
   const uint4* src = reinterpret_cast<const uint4*>(p.y + int64_t(src_row) * p.hidden_dim);
-  uint4* dst = reinterpret_cast<uint4*>(p.out + (int64_t(source) * p.rows_per_source + ret) * p.hidden_dim);
+  uint16_t* out = source == p.self_source ? p.self_out : p.out;
+  uint4* dst = reinterpret_cast<uint4*>(out + (int64_t(source) * p.rows_per_source + ret) * p.hidden_dim);
   for (int v = lane; v < p.hidden_dim / 8; v += 32) dst[v] = src[v];
 }
 
@@ -29,8 +30,10 @@ void launch_ep_return_rows(const EpReturnParams& p, cudaStream_t stream) {
       p.rows_per_source < 0 || p.rows % p.tokens_per_source)
     throw Error("ep_return_rows: rows >= 0 whole sources, k >= 1 and H a positive multiple of 8");
   if (p.rows == 0) return;
-  if (!p.recv_ret || !p.route_row || !p.y || !p.out) throw Error("ep_return_rows: null device pointer");
-  if (reinterpret_cast<uintptr_t>(p.y) % 16 || reinterpret_cast<uintptr_t>(p.out) % 16)
+  if (!p.recv_ret || !p.route_row || !p.y || !p.out || (p.self_source >= 0 && !p.self_out))
+    throw Error("ep_return_rows: null device pointer");
+  if (reinterpret_cast<uintptr_t>(p.y) % 16 || reinterpret_cast<uintptr_t>(p.out) % 16 ||
+      reinterpret_cast<uintptr_t>(p.self_out) % 16)
     throw Error("ep_return_rows: y and the return rows must be 16-byte aligned");
   constexpr int kThreads = 256, kWarps = kThreads / 32;
   const int slots = p.rows * p.topk;

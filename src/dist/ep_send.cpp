@@ -28,7 +28,10 @@ void launch_ep_send(const EpTables& t, const EpSendParams& p, cudaStream_t strea
   for (const void* ptr : need)
     if (!ptr) throw Error("ep_send: null device pointer");
   if (p.tokens > 0 && (!p.hidden || !p.ids || !p.weights)) throw Error("ep_send: null hidden, ids or weights");
-  if (reinterpret_cast<uintptr_t>(p.hidden) % 16 || reinterpret_cast<uintptr_t>(p.send_x) % 16)
+  if (p.self_rank >= p.ranks || (p.self_rank >= 0 && (!p.recv_x || !p.recv_ids || !p.recv_w || !p.recv_ret)))
+    throw Error("ep_send: self_rank must be -1 or a rank with the receive buffers given");
+  if (reinterpret_cast<uintptr_t>(p.hidden) % 16 || reinterpret_cast<uintptr_t>(p.send_x) % 16 ||
+      reinterpret_cast<uintptr_t>(p.recv_x) % 16)
     throw Error("ep_send: hidden and the send rows must be 16-byte aligned");
   if (p.tokens == 0) {  // no routes: every count zero, every row padding
     LOOM_CUDA_CHECK(cudaMemsetAsync(p.tok_offsets, 0, size_t(p.ranks + 2) * 4, stream));

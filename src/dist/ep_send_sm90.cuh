@@ -18,6 +18,7 @@
 //                   the return cap)
 // and on the owner, after its local plan ran the received rows up to the weighted route rows:
 //   ep_return_rows  each route's weighted row into its return row.
+// A rank's own segments go straight to where NCCL would have put them (self_rank, self_source).
 // Plain launches on one stream (no PDL); no global scratch to clear first.
 // Host-includable: plain declarations only.
 #pragma once
@@ -77,6 +78,13 @@ struct EpSendParams {
                                   // segment from this rank, -1 where the id is -1
   int32_t* slot_row = nullptr;    // [T, k] the route's row in the return buffer [C, P, rows_per_peer / C]
   uint32_t* overflow = nullptr;   // routes not sent (one plain store)
+  // This rank (-1: none): its own segment goes straight into the receive buffers, whose segment
+  // from itself has the same rows, so no copy of it travels through NCCL.
+  int self_rank = -1;
+  uint16_t* recv_x = nullptr;
+  int32_t* recv_ids = nullptr;
+  float* recv_w = nullptr;
+  int32_t* recv_ret = nullptr;
 };
 
 // Bytes of EpSendParams::slice_counts for batches of up to max_tokens tokens.
@@ -100,6 +108,10 @@ struct EpReturnParams {
   int tokens_per_source = 0;  // received rows per source rank in this part: row r came from r / it
   int rows_per_source = 0;    // return rows per source rank in this part
   uint16_t* out = nullptr;    // [P, rows_per_source, H] this part's return segments
+  // The source that is this rank (-1: none): its rows go straight to where the return lands,
+  // self_out (the same rows of this part's returned segments), not through NCCL.
+  int self_source = -1;
+  uint16_t* self_out = nullptr;
 };
 void launch_ep_return_rows(const EpReturnParams& p, cudaStream_t stream);
 

@@ -1,7 +1,8 @@
 // Expert parallelism's send side on the GPU (dist/ep_send_sm90.cuh) against dist::token_segments_ref,
 // no NCCL: the token rows with their slots' ids, weights and return rows, padding, every route's
 // return row and the overflow, in one part and in three, with caps below a rank's tokens and
-// routes and with caps nothing reaches. Ids out of range (dropped) in every case; outputs are
+// routes and with caps nothing reaches, and with one rank's segment written in place into the
+// receive buffers (its own). Ids out of range (dropped) in every case; outputs are
 // poisoned first.
 #include <gtest/gtest.h>
 
@@ -52,14 +53,18 @@ TEST(EpSendGpu, SegmentsEqualTheReferenceLayout) {
     tab.local[e] = uint16_t(pl.local_index[size_t(e)]);
   }
   struct Case {
-    int chunks, tokens_per_peer, rows_per_peer;
+    int chunks, tokens_per_peer, rows_per_peer, self;
   };
-  for (const Case cs : {Case{1, 40, 66}, Case{3, 48, 66}, Case{3, 78, 309}}) {
+  for (const Case cs : {Case{1, 40, 66, -1}, Case{3, 48, 66, 2}, Case{3, 78, 309, 1}}) {
     const int C = cs.chunks, tcap = cs.tokens_per_peer, rcap = cs.rows_per_peer;
-    SCOPED_TRACE("parts " + std::to_string(C) + " caps " + std::to_string(tcap) + "/" + std::to_string(rcap));
+    SCOPED_TRACE("parts " + std::to_string(C) + " caps " + std::to_string(tcap) + "/" + std::to_string(rcap) +
+                 " self " + std::to_string(cs.self));
     const TokenSegments ref = token_segments_ref(pl, ids.data(), T, k, tcap, rcap, C);
-    if (tcap < T) ASSERT_GT(ref.tokens_to[2], tcap);  // the tight caps bind
-    if (tcap >= T) EXPECT_EQ(ref.overflow, 0);
+    if (tcap < T) {
+      ASSERT_GT(ref.tokens_to[2], tcap);  // the tight caps bind
+    } else {
+      EXPECT_EQ(ref.overflow, 0);
+    }
     EXPECT_GT(ref.dropped, 0);
     const size_t R = ids.size(), rows = size_t(P * tcap);
     DeviceBuffer d_ids = DeviceBuffer::from(ids), d_w = DeviceBuffer::from(w), d_h = DeviceBuffer::from(hidden);
@@ -67,8 +72,10 @@ TEST(EpSendGpu, SegmentsEqualTheReferenceLayout) {
         ret_off(size_t(P * C + 2) * 4), ret_row(R * 4), row_token(R * 4), row_weight(R * 4),
         slices(ep_send_slice_count_bytes(T, k, P, C)), scratch(sizeof(LayerStatus)), status(sizeof(LayerStatus)),
         send_x(rows * H * 2), send_ids(rows * k * 4), send_w(rows * k * 4), send_ret(rows * k * 4),
-        slot_row(R * 4), overflow(4);
-    for (DeviceBuffer* b : {&status, &send_x, &send_ids, &send_w, &send_ret, &slot_row, &overflow})
+        slot_row(R * 4), overflow(4), recv_x(rows * H * 2), recv_ids(rows * k * 4), recv_w(rows * k * 4),
+        recv_ret(rows * k * 4);
+    for (DeviceBuffer* b : {&status, &send_x, &send_ids, &send_w, &send_ret, &slot_row, &overflow, &recv_x, &recv_ids,
+                            &recv_w, &recv_ret})
       test::fill(b->get(), 0x7f, b->bytes());
     EpSendParams sp;
     sp.hidden = d_h.as<uint16_t>();
@@ -100,6 +107,11 @@ TEST(EpSendGpu, SegmentsEqualTheReferenceLayout) {
     sp.send_ret = send_ret.as<int32_t>();
     sp.slot_row = slot_row.as<int32_t>();
     sp.overflow = overflow.as<uint32_t>();
+    sp.self_rank = cs.self;
+    sp.recv_x = recv_x.as<uint16_t>();
+    sp.recv_ids = recv_ids.as<int32_t>();
+    sp.recv_w = recv_w.as<float>();
+    sp.recv_ret = recv_ret.as<int32_t>();
     test::Stream stream;
     launch_ep_send(tab, sp, stream.get());
     LOOM_CUDA_CHECK(cudaStreamSynchronize(stream.get()));
@@ -107,12 +119,19 @@ TEST(EpSendGpu, SegmentsEqualTheReferenceLayout) {
     EXPECT_EQ(overflow.to_host<uint32_t>()[0], uint32_t(ref.overflow));
     EXPECT_EQ(status.to_host<LayerStatus>()[0].dropped_routes, uint32_t(ref.dropped));
     EXPECT_TRUE(slot_row.to_host<int32_t>() == ref.slot_row) << "the routes' return rows differ";
-    const auto g_x = send_x.to_host<uint16_t>();
-    const auto g_ids = send_ids.to_host<int32_t>();
-    const auto g_w = send_w.to_host<float>();
-    const auto g_ret = send_ret.to_host<int32_t>();
+    const auto s_x = send_x.to_host<uint16_t>(), r_x = recv_x.to_host<uint16_t>();
+    const auto s_ids = send_ids.to_host<int32_t>(), r_ids = recv_ids.to_host<int32_t>();
+    const auto s_w = send_w.to_host<float>(), r_w = recv_w.to_host<float>();
+    const auto s_ret = send_ret.to_host<int32_t>(), r_ret = recv_ret.to_host<int32_t>();
     int sent_rows = 0;
     for (size_t r = 0; r < rows; ++r) {
+      // The self rank's segment is in the receive buffers; the other buffer's rows stay poisoned.
+      const bool self = int(r / size_t(tcap / C)) % P == cs.self;
+      const auto& g_x = self ? r_x : s_x;
+      const auto& g_ids = self ? r_ids : s_ids;
+      const auto& g_w = self ? r_w : s_w;
+      const auto& g_ret = self ? r_ret : s_ret;
+      EXPECT_EQ((self ? s_ids : r_ids)[r * k], 0x7f7f7f7f) << "row " << r << " written to the wrong buffer";
       for (int j = 0; j < k; ++j) {
         const size_t a = r * k + size_t(j);
         ASSERT_EQ(g_ids[a], ref.ids[a]) << "row " << r << " slot " << j;

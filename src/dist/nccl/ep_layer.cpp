@@ -273,18 +273,26 @@ void run_ep(const EpPlan& p, const Weights& local, const Inputs& in, void* outpu
   sp.send_ret = at<int32_t>(workspace, L.send_ret);
   sp.slot_row = at<int32_t>(workspace, L.slot_row);
   sp.overflow = at<uint32_t>(workspace, L.overflow);
+  const int self = p.self_through_nccl ? -1 : me;
+  sp.self_rank = self;  // this rank's own token rows straight into its receive buffers
+  sp.recv_x = at<uint16_t>(workspace, L.recv_x);
+  sp.recv_ids = at<int32_t>(workspace, L.recv_ids);
+  sp.recv_w = at<float>(workspace, L.recv_w);
+  sp.recv_ret = at<int32_t>(workspace, L.recv_ret);
   dist::launch_ep_send(tab, sp, stream);
 
-  // Every peer's whole segments each way, part by part: sizes the host knows, so the exchange is
-  // capturable. Part c's rows are [c][q][chunk rows] in every buffer (dist::ep_send_row); each
+  // Every other peer's whole segments each way, part by part: sizes the host knows, so the exchange
+  // is capturable (this rank's own segments never leave it: the kernels write them in place). Part c's rows are [c][q][chunk rows] in every buffer (dist::ep_send_row); each
   // route's output comes back to the return row its token row carried, where slot_row finds it.
   const int C = p.chunks, tc = int(p.chunk_tokens), rc = int(p.chunk_rows);
   const size_t tok_part = size_t(P) * size_t(tc), ret_part = size_t(P) * size_t(rc);
   auto rows_at = [&](size_t offset, size_t row) { return at<uint16_t>(workspace, offset) + row * size_t(H); };
   auto slots_at = [&](size_t offset, size_t row) { return at<int32_t>(workspace, offset) + row * size_t(k); };
   auto dispatch_part = [&](int c, cudaStream_t st) {
+    if ((P == 1 && self >= 0) || tc == 0) return;
     nccl_check(ncclGroupStart(), "ncclGroupStart");
-    for (int q = 0; q < P && tc > 0; ++q) {
+    for (int q = 0; q < P; ++q) {
+      if (q == self) continue;
       const size_t r = size_t(c) * tok_part + size_t(q) * size_t(tc), n = size_t(tc), nk = n * size_t(k);
       nccl_check(ncclSend(rows_at(L.send_x, r), n * size_t(H), ncclBfloat16, q, comm, st), "ncclSend rows");
       nccl_check(ncclSend(slots_at(L.send_ids, r), nk, ncclInt32, q, comm, st), "ncclSend ids");
@@ -320,11 +328,15 @@ void run_ep(const EpPlan& p, const Weights& local, const Inputs& in, void* outpu
     rp.tokens_per_source = tc;
     rp.rows_per_source = rc;
     rp.out = out_part;
+    rp.self_source = self;  // this rank's own routes straight to where its returns land
+    rp.self_out = rows_at(L.out_back, size_t(c) * ret_part);
     dist::launch_ep_return_rows(rp, st);
   };
   auto return_part = [&](int c, cudaStream_t st) {
+    if ((P == 1 && self >= 0) || rc == 0) return;
     nccl_check(ncclGroupStart(), "ncclGroupStart");
-    for (int q = 0; q < P && rc > 0; ++q) {
+    for (int q = 0; q < P; ++q) {
+      if (q == self) continue;
       const size_t r = size_t(c) * ret_part + size_t(q) * size_t(rc), n = size_t(rc) * size_t(H);
       nccl_check(ncclSend(rows_at(L.out_local, r), n, ncclBfloat16, q, comm, st), "ncclSend outputs");
       nccl_check(ncclRecv(rows_at(L.out_back, r), n, ncclBfloat16, q, comm, st), "ncclRecv outputs");

@@ -1,6 +1,6 @@
 // Expert parallelism on the GPU (issue 49), against the one-GPU layer:
-//   - a communicator of one rank runs the whole path (its routes go to itself through NCCL) and
-//     equals the one-GPU layer bit for bit in BF16 (the same GEMM kernels; deterministic), from
+//   - a communicator of one rank runs the whole path (its own segments in place, and through NCCL
+//     as a send to itself) and equals the one-GPU layer bit for bit in BF16 (deterministic), from
 //     logits and from ids, from a graph replay too; FP8 within the layer's tolerance (the local
 //     plan's batch may choose other GEMM configs);
 //   - in parts (the chunked overlap), eagerly and from a graph, and with no tokens, the same bits;
@@ -156,7 +156,7 @@ TEST(EpLayerGpu, OneRankEqualsTheLayer) {
       const DeviceWeights dw = upload(l.w);
       const std::vector<uint16_t> want = one_gpu(l, dw, from_logits);
       ExpertParallel ep;  // one rank: every expert local, the weights as they are
-      const EpPlan p = plan_ep(l.shape, Routing{}, Options{}, ep);
+      EpPlan p = plan_ep(l.shape, Routing{}, Options{}, ep);
       EXPECT_EQ(p.local_experts.size(), 16u);
       DeviceBuffer ws(workspace_bytes(p)), out(size_t(l.shape.tokens * l.shape.hidden) * 2);
       test::fill(ws.get(), 0xff, ws.bytes());  // a run depends on no workspace contents
@@ -167,6 +167,13 @@ TEST(EpLayerGpu, OneRankEqualsTheLayer) {
       run_ep(p, dw.view(), in, out.get(), ws.get(), comm, stream.get());
       LOOM_CUDA_CHECK(cudaStreamSynchronize(stream.get()));
       const std::vector<uint16_t> got = to_bits(out, l.shape.tokens * l.shape.hidden);
+      // The rank's own segments through NCCL (a send to itself) instead of in place: the same bits.
+      p.self_through_nccl = true;
+      test::fill(ws.get(), 0xff, ws.bytes());
+      test::fill(out.get(), 0xff, out.bytes());
+      run_ep(p, dw.view(), in, out.get(), ws.get(), comm, stream.get());
+      LOOM_CUDA_CHECK(cudaStreamSynchronize(stream.get()));
+      EXPECT_TRUE(to_bits(out, l.shape.tokens * l.shape.hidden) == got) << "through NCCL differs";
       const EpStatus st = read_status(p, ws.get(), stream.get());
       EXPECT_EQ(st.overflow_routes, 0u);
       EXPECT_EQ(st.dropped_routes, from_logits ? 0u : 2u);
@@ -183,10 +190,13 @@ TEST(EpLayerGpu, OneRankEqualsTheLayer) {
         EXPECT_LE(e.overall, 2e-3);
         EXPECT_LE(e.worst_row, 1e-2) << "worst token row " << e.worst_row_index;
       }
-      // A graph replay of the run gives the same bits.
-      test::fill(out.get(), 0xff, out.bytes());
-      replay_captured(p, dw.view(), in, out.get(), ws.get(), comm, stream.get(), 1);
-      EXPECT_TRUE(to_bits(out, l.shape.tokens * l.shape.hidden) == got) << "the graph replay differs";
+      // A graph replay of the run gives the same bits, either way.
+      for (const bool through_nccl : {true, false}) {
+        p.self_through_nccl = through_nccl;
+        test::fill(out.get(), 0xff, out.bytes());
+        replay_captured(p, dw.view(), in, out.get(), ws.get(), comm, stream.get(), 1);
+        EXPECT_TRUE(to_bits(out, l.shape.tokens * l.shape.hidden) == got) << "the graph replay differs";
+      }
     }
   }
   ncclCommDestroy(comm);
@@ -202,11 +212,12 @@ TEST(EpLayerGpu, PartsEqualTheLayer) {
   const Layer l = make_layer(40, DType::bf16, "random", seed);
   const DeviceWeights dw = upload(l.w);
   const std::vector<uint16_t> want = one_gpu(l, dw, true);
-  for (const int chunks : {2, 3}) {
-    SCOPED_TRACE("chunks " + std::to_string(chunks));
+  for (const auto& [chunks, through_nccl] : {std::pair{2, false}, std::pair{3, true}}) {
+    SCOPED_TRACE("chunks " + std::to_string(chunks) + (through_nccl ? ", own segments through NCCL" : ""));
     ExpertParallel ep;
     ep.chunks = chunks;
-    const EpPlan p = plan_ep(l.shape, Routing{}, Options{}, ep);
+    EpPlan p = plan_ep(l.shape, Routing{}, Options{}, ep);
+    p.self_through_nccl = through_nccl;
     ASSERT_EQ(p.rows_per_peer % chunks, 0);
     ASSERT_EQ(p.tokens_per_peer % chunks, 0);
     DeviceBuffer ws(workspace_bytes(p)), out(size_t(l.shape.tokens * l.shape.hidden) * 2);
