@@ -16,8 +16,8 @@
 #   CHECK_BENCH      `loom bench` runs, ';'-separated argument lists (default: docs/perf/current.md's;
 #                    '-' none)
 #   CHECK_EP         `loom bench --ep <every GPU>` runs, ';'-separated (default: the qwen35-layer and
-#                    h200-bf16 rows of current.md's expert-parallelism table; '-' none; a build
-#                    with NCCL only)
+#                    h200-bf16 rows of current.md's expert-parallelism tables, both combine modes;
+#                    '-' none; a build with NCCL only)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 build=${BUILD_DIR:-build}
@@ -117,7 +117,7 @@ done
 # Expert parallelism over every GPU of this machine (one process a GPU; issue 49).
 eps=()
 [ "${CHECK_EP:-}" != "-" ] && "$loom" help 2>&1 | grep -q -- "--ep N" &&
-  IFS=';' read -r -a eps <<< "${CHECK_EP:---preset qwen35-layer --tokens 128,4096 --ep-chunks 1,2;--preset h200-bf16 --tokens 1,64,2048}"
+  IFS=';' read -r -a eps <<< "${CHECK_EP:---preset qwen35-layer --tokens 128,4096 --ep-chunks 1,2;--preset qwen35-layer --tokens 128,4096 --deterministic;--preset h200-bf16 --tokens 1,64,2048;--preset h200-bf16 --tokens 1,64,2048 --deterministic}"
 gpus=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU')
 e=0
 : > "$out/logs/ep-manifest.tsv"

@@ -43,7 +43,8 @@ struct ExpertParallel {
   // Token rows a rank sends to one peer per run. 0: twice a balanced share, ceil(2 T k / P) rounded
   // up to 16 rows, at most T (dist/ep_buffers.hpp).
   int64_t tokens_per_peer = 0;
-  // Route outputs one peer returns to a rank per run. 0: the same share, at most T k.
+  // Route outputs one peer returns to a rank per run (deterministic mode; else one row per token
+  // row comes back). 0: the same share, at most T k.
   int64_t rows_per_peer = 0;
   // The exchange and the local experts in `chunks` parts (1 to 8): part c + 1's rows travel while
   // part c's GEMMs run. The i-th token to a peer belongs to part i mod chunks, so a partly filled
@@ -67,13 +68,18 @@ struct EpPlan {
   Routing routing;
   Options options;
   ExpertParallel ep;
+  // Options::deterministic: the owner returns one row per route (weighted, rounded to bf16) and the
+  // sender sums a token's rows in slot order, bit for bit the one-GPU deterministic layer. Else
+  // the owner sums each token's routes to its experts (its local layer's output) and returns one
+  // row per (token, owner), fewer bytes back; rows_per_peer is then tokens_per_peer.
+  bool route_returns = false;
   int64_t tokens_per_peer = 0, rows_per_peer = 0;  // with chunks > 1, chunks times a multiple of 4
   int chunks = 1;
   int64_t chunk_tokens = 0, chunk_rows = 0;  // the caps / chunks: a peer's rows in one part
   int comm_sms = 0;        // SMs left to NCCL (0 when chunks = 1)
   std::vector<int32_t> local_experts;  // this rank's experts (global ids) in local order
   std::vector<int32_t> owner, local_index;  // [E]
-  Plan local;  // this rank's experts over one part's P x chunk_tokens token rows (k slots, deterministic)
+  Plan local;  // this rank's experts over one part's P x chunk_tokens token rows of k slots
   std::shared_ptr<EpStreams> streams;  // created on the plan's device; shared by the plan's copies
   // A rank's own segments never leave it: the send kernels write them into its receive buffers and
   // the owner's into its returned rows. true: they travel through NCCL as a peer's do (a send to

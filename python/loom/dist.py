@@ -126,13 +126,17 @@ class ExpertParallel:
     contiguous blocks. tokens_per_peer, rows_per_peer: the caps of token rows one rank sends to one
     peer and of route outputs one peer returns per run (0: twice a balanced share); routes beyond
     them are not sent and counted in status(). chunks: the exchange and the local experts in that
-    many parts, overlapped; comm_sms: the SMs the local GEMMs leave to NCCL then (-1: the default). Routing options as in loom.fused_moe. The output equals the
-    one-GPU layer's with deterministic=True bit for bit (BF16; FP8 where the local batch takes the
-    same GEMM configs)."""
+    many parts, overlapped; comm_sms: the SMs the local GEMMs leave to NCCL then (-1: the default).
+    deterministic: each route's output comes back and the rows are summed in slot order, so the
+    output equals the one-GPU layer's with deterministic=True bit for bit (BF16; FP8 where the
+    local batch takes the same GEMM configs); else each owner sums its routes of a token and
+    returns one row (fewer bytes; within the layer's tolerance). Routing options as in
+    loom.fused_moe."""
 
     def __init__(self, group=None, *, experts: int, topk: int, hidden: int, inter: int, max_tokens: int,
                  dtype: str = "fp8", expert_rank: Optional[Sequence[int]] = None, rows_per_peer: int = 0,
-                 tokens_per_peer: int = 0, chunks: int = 1, comm_sms: int = -1, renormalize: bool = True,
+                 tokens_per_peer: int = 0, chunks: int = 1, comm_sms: int = -1, deterministic: bool = False,
+                 renormalize: bool = True,
                  scoring: str = "softmax", softcap: float = 0.0, n_group: int = 1, topk_group: int = 1,
                  routed_scaling: float = 1.0, device=None):
         import torch.distributed as dist
@@ -166,7 +170,7 @@ class ExpertParallel:
         r.softcap, r.renormalize, r.n_group, r.topk_group, r.scale = (softcap, int(renormalize), n_group, topk_group,
                                                                       routed_scaling)
         o = _lib.default_options()
-        o.deterministic = 1
+        o.deterministic = int(deterministic)
         ep = _Ep()
         lib.loom_ep_default(ctypes.byref(ep))
         ep.size, ep.rank, ep.rows_per_peer = self.size, self.rank, rows_per_peer

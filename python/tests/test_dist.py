@@ -1,6 +1,7 @@
 """Expert parallelism from PyTorch (loom.dist.ExpertParallel): one rank of a one-process group
-(the whole path, the rows sent to itself through NCCL) against loom.fused_moe with
-deterministic=True, bit for bit in BF16, eagerly and from a CUDA graph; its refusals; and with two
+(the whole path, its own rows written in place) against loom.fused_moe with deterministic=True,
+bit for bit in BF16 when deterministic (within tolerance when the owners sum their routes),
+eagerly and from a CUDA graph; its refusals; and with two
 GPUs or more, two processes whose outputs equal the one-GPU layer's on their tokens."""
 
 import os
@@ -64,11 +65,13 @@ def test_one_rank_equals_the_layer(one_rank_group, bf16):
     import loom.dist as ldist
     T, H, I, E, k = 40, 1024, 512, 16, 4
     layer = make_layer(T, H, I, E, bf16, seed=11)
-    want = loom.fused_moe(layer["hidden"], layer["w13"], layer["w2"], w13_scale=layer["w13_scale"],
-                          w2_scale=layer["w2_scale"], router_logits=layer["router_logits"], topk=k, deterministic=True)
-    for chunks in (1, 2):
+    wants = {det: loom.fused_moe(layer["hidden"], layer["w13"], layer["w2"], w13_scale=layer["w13_scale"],
+                                 w2_scale=layer["w2_scale"], router_logits=layer["router_logits"], topk=k,
+                                 deterministic=det) for det in (True, False)}
+    for chunks, det in ((1, True), (2, True), (1, False)):
+        want = wants[det]  # the owners' sums against the one-GPU layer's fast mode (the same roundings)
         ep = ldist.ExpertParallel(experts=E, topk=k, hidden=H, inter=I, max_tokens=64,
-                                  dtype="bf16" if bf16 else "fp8", chunks=chunks)
+                                  dtype="bf16" if bf16 else "fp8", chunks=chunks, deterministic=det)
         assert ep.local_experts == list(range(E))
         w = local_weights(layer, ep.local_experts)
         out = torch.full((T, H), float("nan"), dtype=torch.bfloat16, device="cuda")
@@ -76,9 +79,9 @@ def test_one_rank_equals_the_layer(one_rank_group, bf16):
                  router_logits=layer["router_logits"], out=out)
         torch.cuda.synchronize()
         assert got.data_ptr() == out.data_ptr()
-        if bf16:
+        if bf16 and det:
             assert torch.equal(got.view(torch.int16), want.view(torch.int16)), f"chunks {chunks}: differs"
-        else:
+        else:  # FP8, or the owners' sums: within tolerance
             err = ((got.double() - want.double()).norm() / want.double().norm()).item()
             assert err <= 2e-3, (chunks, err)
         assert ep.status() == {"nan_tokens": 0, "dropped_routes": 0, "overflow_routes": 0}
@@ -90,7 +93,11 @@ def test_one_rank_equals_the_layer(one_rank_group, bf16):
                router_logits=layer["router_logits"], out=replay)
         graph.replay()
         torch.cuda.synchronize()
-        assert torch.equal(replay.view(torch.int16), got.view(torch.int16)), f"chunks {chunks}: the replay differs"
+        if det:
+            assert torch.equal(replay.view(torch.int16), got.view(torch.int16)), f"chunks {chunks}: the replay differs"
+        else:
+            err = ((replay.double() - want.double()).norm() / want.double().norm()).item()
+            assert err <= 2e-3, ("replay", chunks, err)
         del graph  # NCCL's communicator outlives no graph that captured its calls (close() waits for them)
         # No tokens: the rank still takes part, nothing is written.
         none = ep(layer["hidden"][:0], w["w13"], w["w2"], w13_scale=w["w13_scale"], w2_scale=w["w2_scale"],
@@ -131,7 +138,7 @@ def _rank_main(rank, size, store, result_dir):
         layer[key] = full[key]
     want = loom.fused_moe(layer["hidden"], layer["w13"], layer["w2"], router_logits=layer["router_logits"], topk=k,
                           deterministic=True)
-    ep = ldist.ExpertParallel(experts=E, topk=k, hidden=H, inter=I, max_tokens=64, dtype="bf16")
+    ep = ldist.ExpertParallel(experts=E, topk=k, hidden=H, inter=I, max_tokens=64, dtype="bf16", deterministic=True)
     w = local_weights(layer, ep.local_experts)
     got = ep(layer["hidden"], w["w13"], w["w2"], router_logits=layer["router_logits"])
     torch.cuda.synchronize()

@@ -35,7 +35,10 @@ __global__ void ep_pack_tokens_kernel(const __grid_constant__ EpTables t, const 
     (self ? p.recv_ids : p.send_ids)[r] = sent ? int32_t(t.local[p.ids[s_j]]) : -1;
     (self ? p.recv_w : p.send_w)[r] = sent ? p.weights[s_j] : 0.0f;
     (self ? p.recv_ret : p.send_ret)[r] = sent ? pos : -1;
-    if (mine) p.slot_row[s_j] = sent ? (c * p.ranks + q) * per_part + pos : -1;
+    if (mine && p.token_returns)  // the token's row comes back once, on its first slot to q
+      p.slot_row[s_j] = s_j == s ? row + (self ? p.ranks * p.tokens_per_peer : 0) : -1;
+    else if (mine)
+      p.slot_row[s_j] = sent ? (c * p.ranks + q) * per_part + pos : -1;
   }
   const uint4* src = reinterpret_cast<const uint4*>(p.hidden + int64_t(s / p.topk) * p.hidden_dim);
   uint4* dst = reinterpret_cast<uint4*>((self ? p.recv_x : p.send_x) + int64_t(row) * p.hidden_dim);

@@ -21,6 +21,8 @@ void launch_ep_send(const EpTables& t, const EpSendParams& p, cudaStream_t strea
                 std::to_string(kGpuMaxExperts) + "], P >= 1, C >= 1 and H a positive multiple of 8");
   if (p.tokens_per_peer < 0 || p.rows_per_peer < 0 || p.tokens_per_peer % p.chunks || p.rows_per_peer % p.chunks)
     throw Error("ep_send: tokens_per_peer and rows_per_peer must be >= 0 and multiples of the parts");
+  if (p.token_returns && int64_t(p.rows_per_peer) != int64_t(p.tokens_per_peer) * p.topk)
+    throw Error("ep_send: token returns take rows_per_peer = tokens_per_peer k (no route cap)");
   if (p.ranks * p.chunks + 1 > kGpuMaxExperts) throw Error("ep_send: P C + 1 buckets beyond the dispatch's experts");
   const void* need[] = {p.dest,      p.mark,       p.tok_offsets, p.tok_row,        p.bucket,  p.ret_offsets,
                         p.ret_row,   p.row_token,  p.row_weight,  p.scratch_status, p.status,  p.send_x,

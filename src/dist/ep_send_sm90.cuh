@@ -78,6 +78,11 @@ struct EpSendParams {
                                   // segment from this rank, -1 where the id is -1
   int32_t* slot_row = nullptr;    // [T, k] the route's row in the return buffer [C, P, rows_per_peer / C]
   uint32_t* overflow = nullptr;   // routes not sent (one plain store)
+  // The owner returns one row per token row (its routes there summed), not one per route:
+  // slot_row[s] of a token's first slot to a rank is that token row (plus P tokens_per_peer for
+  // this rank's own, which are read from the owner's output that follows the returned rows), -1
+  // on its other slots. rows_per_peer must then be tokens_per_peer k (no route cap).
+  bool token_returns = false;
   // This rank (-1: none): its own segment goes straight into the receive buffers, whose segment
   // from itself has the same rows, so no copy of it travels through NCCL.
   int self_rank = -1;

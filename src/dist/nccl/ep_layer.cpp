@@ -124,8 +124,9 @@ EpPlan plan_ep(const Shape& max_shape, const Routing& routing, const Options& op
   p.routing = routing;
   p.options = options;
   p.ep = ep;
+  p.route_returns = options.deterministic;
   p.tokens_per_peer = buf.tokens_per_peer;
-  p.rows_per_peer = buf.rows_per_peer;
+  p.rows_per_peer = p.route_returns ? buf.rows_per_peer : buf.tokens_per_peer;
   p.chunks = ep.chunks;
   p.chunk_tokens = p.tokens_per_peer / p.chunks;
   p.chunk_rows = p.rows_per_peer / p.chunks;
@@ -135,13 +136,12 @@ EpPlan plan_ep(const Shape& max_shape, const Routing& routing, const Options& op
   p.owner = pl.owner;
   p.local_index = pl.local_index;
   // The owner's run, once a part: the received token rows with the layer's k slots, -1 in the slots
-  // of other ranks' experts and in padding rows; deterministic, so each route's weighted row is
-  // GEMM 2's rounded to bf16, as the one-GPU combine sums them. With parts, on the SMs NCCL's
-  // kernels leave.
+  // of other ranks' experts and in padding rows. Deterministic, it stops at each route's weighted
+  // row, GEMM 2's rounded to bf16, as the one-GPU combine sums them; else it is the whole layer on
+  // the token rows, whose output rows go back. With parts, on the SMs NCCL's kernels leave.
   Shape ls{int64_t(ep.size) * p.chunk_tokens, s.hidden, s.inter, int64_t(pl.local_experts.size()), s.topk, Mode::ffn,
            s.dtype};
   Options lo = options;
-  lo.deterministic = true;
   lo.debug_checks = false;  // the slots of other ranks' experts are dropped routes by design
   DeviceSpec ld = device;
   ld.sm_count -= comm_sms;
@@ -176,8 +176,10 @@ EpPlan plan_ep(const Shape& max_shape, const Routing& routing, const Options& op
   L.recv_ids = carve(cur, size_t(tok_rows * k) * 4);
   L.recv_w = carve(cur, size_t(tok_rows * k) * 4);
   L.recv_ret = carve(cur, size_t(tok_rows * k) * 4);
-  L.out_local = carve(cur, size_t(ret_rows * H) * 2);
-  L.out_back = carve(cur, size_t(ret_rows * H) * 2);
+  // The returned rows, then this rank's outputs to return: one block, so that with token returns
+  // the combine reads a token's row from this rank's own experts past the returned ones.
+  L.out_back = carve(cur, size_t(2 * ret_rows * H) * 2);
+  L.out_local = L.out_back + size_t(ret_rows * H) * 2;
   L.local = carve(cur, workspace_bytes(p.local));
   L.total = cur;
   return p;
@@ -197,13 +199,14 @@ std::string describe(const EpPlan& p) {
   const EpPlan::Layout& L = p.layout;
   auto mib = [](size_t bytes) { return std::to_string((bytes + (1 << 19)) >> 20) + " MiB"; };
   const std::string memory = "workspace " + mib(L.total) + ": token rows sent " + mib(L.recv_x - L.send_x) +
-                             ", received " + mib(L.out_local - L.recv_x) + ", route outputs " +
-                             mib(L.local - L.out_local) + " (both ways), the local plan's " +
+                             ", received " + mib(L.out_back - L.recv_x) + ", outputs " +
+                             mib(L.local - L.out_back) + " (both ways), the local plan's " +
                              mib(L.total - L.local) + ", routing tables " + mib(L.send_x);
+  const std::string back = p.route_returns ? " and " + std::to_string(p.rows_per_peer) + " route outputs"
+                                           : " (one output row back each, its routes summed by the owner)";
   return "expert parallelism: " + dist::describe(dist::make_placement(p.shape.experts, c)) + "; " +
-         std::to_string(p.tokens_per_peer) + " tokens and " + std::to_string(p.rows_per_peer) +
-         " route outputs per peer" + parts + "; " + describe(p.shape) + "\n" + memory + "\nlocal plan:\n" +
-         describe(p.local);
+         std::to_string(p.tokens_per_peer) + " tokens" + back + " per peer" + parts + "; " + describe(p.shape) +
+         "\n" + memory + "\nlocal plan:\n" + describe(p.local);
 }
 
 void run_ep(const EpPlan& p, const Weights& local, const Inputs& in, void* output, void* workspace, ncclComm_t comm,
@@ -254,7 +257,8 @@ void run_ep(const EpPlan& p, const Weights& local, const Inputs& in, void* outpu
   sp.ranks = P;
   sp.chunks = p.chunks;
   sp.tokens_per_peer = int(p.tokens_per_peer);
-  sp.rows_per_peer = int(p.rows_per_peer);
+  sp.token_returns = !p.route_returns;  // then no route cap: every route of a sent token is computed
+  sp.rows_per_peer = int(p.route_returns ? p.rows_per_peer : p.tokens_per_peer * k);
   sp.dest = at<int32_t>(workspace, L.dest);
   sp.mark = at<int32_t>(workspace, L.mark);
   sp.tok_offsets = at<int32_t>(workspace, L.tok_offsets);
@@ -317,6 +321,10 @@ void run_ep(const EpPlan& p, const Weights& local, const Inputs& in, void* outpu
     li.topk_weights = reinterpret_cast<const float*>(slots_at(L.recv_w, r));
     if (li.tokens == 0) return;
     uint16_t* out_part = rows_at(L.out_local, size_t(c) * ret_part);
+    if (!p.route_returns) {  // the layer's output on the token rows is what goes back
+      run(p.local, local, li, out_part, lws, st);
+      return;
+    }
     run_stages(p.local, local, li, out_part, lws, st, Stages::route_rows);
     dist::EpReturnParams rp;
     rp.recv_ret = slots_at(L.recv_ret, r);
@@ -387,7 +395,7 @@ void run_ep(const EpPlan& p, const Weights& local, const Inputs& in, void* outpu
     if (st.dropped_routes || st.nan_tokens || st.overflow_routes)
       throw Error("run_ep: " + std::to_string(st.dropped_routes) + " routes with ids outside [0, " + std::to_string(E) +
                   "), " + std::to_string(st.nan_tokens) + " tokens with NaN logits, " +
-                  std::to_string(st.overflow_routes) + " routes beyond rows_per_peer");
+                  std::to_string(st.overflow_routes) + " routes beyond a peer's caps");
   }
 }
 

@@ -12,11 +12,17 @@ namespace {
 
 const Shape kShape{256, 2048, 512, 64, 8, Mode::ffn, DType::fp8};
 
+Options det() {  // one returned row per route
+  Options o;
+  o.deterministic = true;
+  return o;
+}
+
 TEST(EpPlan, PlacementCapAndLocalPlan) {
   ExpertParallel ep;
   ep.size = 4;
   ep.rank = 3;
-  const EpPlan p = plan_ep(kShape, Routing{}, Options{}, ep, device_spec("h200"));
+  const EpPlan p = plan_ep(kShape, Routing{}, det(), ep, device_spec("h200"));
   EXPECT_EQ(p.local_experts.size(), 16u);
   EXPECT_EQ(p.local_experts.front(), 48);
   EXPECT_EQ(p.rows_per_peer, 1024);   // ceil(2 x 256 x 8 / 4)
@@ -30,6 +36,13 @@ TEST(EpPlan, PlacementCapAndLocalPlan) {
   EXPECT_GE(p.layout.recv_x - p.layout.send_x, size_t(4 * 256 * (2048 * 2 + 8 * 12)));
   EXPECT_GE(p.layout.out_back - p.layout.out_local, size_t(4 * 1024 * 2048 * 2));
   EXPECT_NE(describe(p).find("rank 3 of 4: experts 48..63 of 64"), std::string::npos) << describe(p);
+  EXPECT_TRUE(p.route_returns);
+  // Not deterministic: one row back per token row, the owner's layer not deterministic either.
+  const EpPlan fast = plan_ep(kShape, Routing{}, Options{}, ep, device_spec("h200"));
+  EXPECT_FALSE(fast.route_returns);
+  EXPECT_EQ(fast.rows_per_peer, fast.tokens_per_peer);
+  EXPECT_FALSE(fast.local.options.deterministic);
+  EXPECT_LT(workspace_bytes(fast), workspace_bytes(p));
 }
 
 TEST(EpPlan, MapAndCap) {
@@ -40,7 +53,7 @@ TEST(EpPlan, MapAndCap) {
   ep.expert_rank[5] = ep.expert_rank[9] = 0;
   ep.rows_per_peer = 100;
   ep.tokens_per_peer = 50;
-  const EpPlan p = plan_ep(kShape, Routing{}, Options{}, ep, device_spec("h200"));
+  const EpPlan p = plan_ep(kShape, Routing{}, det(), ep, device_spec("h200"));
   EXPECT_EQ(p.local_experts, (std::vector<int32_t>{5, 9}));
   EXPECT_EQ(p.local_index[9], 1);
   EXPECT_EQ(p.owner[10], 1);
@@ -56,7 +69,7 @@ TEST(EpPlan, PartsSplitTheCapAndLeaveSmsToNccl) {
   ep.rank = 1;
   ep.rows_per_peer = 1000;
   ep.chunks = 3;
-  const EpPlan p = plan_ep(kShape, Routing{}, Options{}, ep, h200);
+  const EpPlan p = plan_ep(kShape, Routing{}, det(), ep, h200);
   EXPECT_EQ(p.chunks, 3);
   EXPECT_EQ(p.rows_per_peer, 1008);  // up to whole parts of a multiple of 4 rows: 334 -> 336
   EXPECT_EQ(p.chunk_rows, 336);
@@ -69,21 +82,21 @@ TEST(EpPlan, PartsSplitTheCapAndLeaveSmsToNccl) {
   EXPECT_GE(p.layout.out_back - p.layout.out_local, size_t(4 * 1008 * 2048 * 2));
   EXPECT_NE(describe(p).find("in 3 parts"), std::string::npos) << describe(p);
   ep.comm_sms = 0;
-  EXPECT_EQ(plan_ep(kShape, Routing{}, Options{}, ep, h200).local.sm_count, h200.sm_count);
+  EXPECT_EQ(plan_ep(kShape, Routing{}, det(), ep, h200).local.sm_count, h200.sm_count);
   ep.chunks = 1;  // unsplit: every SM to the GEMMs, whatever comm_sms says
   ep.comm_sms = 20;
-  const EpPlan one = plan_ep(kShape, Routing{}, Options{}, ep, h200);
+  const EpPlan one = plan_ep(kShape, Routing{}, det(), ep, h200);
   EXPECT_EQ(one.comm_sms, 0);
   EXPECT_EQ(one.local.sm_count, h200.sm_count);
   EXPECT_EQ(one.rows_per_peer, 1000);
   ep.chunks = 2;
   ep.comm_sms = h200.sm_count;  // more than half the SMs
-  EXPECT_THROW(plan_ep(kShape, Routing{}, Options{}, ep, h200), Error);
+  EXPECT_THROW(plan_ep(kShape, Routing{}, det(), ep, h200), Error);
   ep.comm_sms = -1;
   ep.chunks = 0;
-  EXPECT_THROW(plan_ep(kShape, Routing{}, Options{}, ep, h200), Error);
+  EXPECT_THROW(plan_ep(kShape, Routing{}, det(), ep, h200), Error);
   ep.chunks = 9;
-  EXPECT_THROW(plan_ep(kShape, Routing{}, Options{}, ep, h200), Error);
+  EXPECT_THROW(plan_ep(kShape, Routing{}, det(), ep, h200), Error);
 }
 
 TEST(EpPlan, RejectsWhatItCannotRun) {
@@ -91,19 +104,19 @@ TEST(EpPlan, RejectsWhatItCannotRun) {
   ExpertParallel ep;
   ep.size = 2;
   ep.rank = 2;
-  EXPECT_THROW(plan_ep(kShape, Routing{}, Options{}, ep, h200), Error);
+  EXPECT_THROW(plan_ep(kShape, Routing{}, det(), ep, h200), Error);
   ep.rank = 0;
   ep.first_expert = 32;  // rank 1's block
   ep.expert_count = 32;
-  EXPECT_THROW(plan_ep(kShape, Routing{}, Options{}, ep, h200), Error);
+  EXPECT_THROW(plan_ep(kShape, Routing{}, det(), ep, h200), Error);
   ep.first_expert = ep.expert_count = -1;
   ep.rows_per_peer = 256 * 8 + 1;  // above T k
-  EXPECT_THROW(plan_ep(kShape, Routing{}, Options{}, ep, h200), Error);
+  EXPECT_THROW(plan_ep(kShape, Routing{}, det(), ep, h200), Error);
   ep.rows_per_peer = 0;
   ep.tokens_per_peer = 257;  // above T
-  EXPECT_THROW(plan_ep(kShape, Routing{}, Options{}, ep, h200), Error);
+  EXPECT_THROW(plan_ep(kShape, Routing{}, det(), ep, h200), Error);
   ep.tokens_per_peer = -1;
-  EXPECT_THROW(plan_ep(kShape, Routing{}, Options{}, ep, h200), Error);
+  EXPECT_THROW(plan_ep(kShape, Routing{}, det(), ep, h200), Error);
   ep.tokens_per_peer = 0;
   Shape single = kShape;
   single.mode = Mode::single;

@@ -167,8 +167,8 @@ RankRow measure(const EpPlan& p, void* ws, const LayerWeights& all, const Weight
           Inputs li;
           li.tokens = part;
           li.hidden = base + L.recv_x + size_t(c * part * s.hidden) * 2;
-          li.topk_ids = reinterpret_cast<const int32_t*>(base + L.recv_ids) + c * part;
-          li.topk_weights = reinterpret_cast<const float*>(base + L.recv_w) + c * part;
+          li.topk_ids = reinterpret_cast<const int32_t*>(base + L.recv_ids) + c * part * s.topk;
+          li.topk_weights = reinterpret_cast<const float*>(base + L.recv_w) + c * part * s.topk;
           run(p.local, lw, li, base + L.out_local + size_t(c * part * s.hidden) * 2, base + L.local, st);
         }
       },
@@ -299,8 +299,10 @@ std::string run_ep_bench(const EpBenchOptions& opt, const std::string& self, con
   const std::string shape = describe(s);  // "T=... H=...": T is each row's own here
   t << "expert parallelism: " << opt.ranks << " rank(s), one GPU and process each; "
     << shape.substr(shape.find(' ') + 1) << "; " << describe(opt.base.routing) << ", dist "
-    << to_string(opt.base.dist) << "; graph replays, L2 flushed, median of " << opt.base.timer.reps
-    << " [p10, p90], us; commit "
+    << to_string(opt.base.dist) << "; "
+    << (opt.base.layer.deterministic ? "deterministic (a row back per route, summed in slot order)"
+                                     : "owners sum their routes (a row back per token and owner)")
+    << "; graph replays, L2 flushed, median of " << opt.base.timer.reps << " [p10, p90], us; commit "
     << build_commit() << "\n";
   t << "exchange = e2e - local (the rank's own experts on the rows it received, timed alone); parts: the\n"
        "exchange and the local experts in that many chunks, overlapped (1: unsplit); one GPU: the layer on\n"
