@@ -188,7 +188,8 @@ TEST(EpRoutesRef, TokenSegmentsAreTheTokenFormWithCapsAndParts) {
     }
 
     const int C = 1 + int(rng.below(4));
-    const int64_t tcap = C * int64_t(rng.below(uint64_t(T / C + 2))), rcap = C * int64_t(rng.below(uint64_t(T * k / C + 2)));
+    const int64_t tcap = C * int64_t(rng.below(uint64_t(T / C + 2)));
+    const int64_t rcap = C * int64_t(rng.below(uint64_t(T * k / C + 2)));
     const TokenSegments tight = token_segments_ref(p, ids.data(), T, k, tcap, rcap, C);
     std::vector<int> used(size_t(P * rcap), 0);
     int64_t sent = 0;

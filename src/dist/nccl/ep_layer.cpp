@@ -286,8 +286,10 @@ void run_ep(const EpPlan& p, const Weights& local, const Inputs& in, void* outpu
   dist::launch_ep_send(tab, sp, stream);
 
   // Every other peer's whole segments each way, part by part: sizes the host knows, so the exchange
-  // is capturable (this rank's own segments never leave it: the kernels write them in place). Part c's rows are [c][q][chunk rows] in every buffer (dist::ep_send_row); each
-  // route's output comes back to the return row its token row carried, where slot_row finds it.
+  // is capturable (this rank's own segments never leave it: the kernels write them in place). Part
+  // c's rows are [c][q][chunk rows] in every buffer (dist::ep_send_row); each route's output (or
+  // token row's, when the owners sum) comes back to the row its token row named, where slot_row
+  // finds it.
   const int C = p.chunks, tc = int(p.chunk_tokens), rc = int(p.chunk_rows);
   const size_t tok_part = size_t(P) * size_t(tc), ret_part = size_t(P) * size_t(rc);
   auto rows_at = [&](size_t offset, size_t row) { return at<uint16_t>(workspace, offset) + row * size_t(H); };
@@ -301,16 +303,19 @@ void run_ep(const EpPlan& p, const Weights& local, const Inputs& in, void* outpu
       nccl_check(ncclSend(rows_at(L.send_x, r), n * size_t(H), ncclBfloat16, q, comm, st), "ncclSend rows");
       nccl_check(ncclSend(slots_at(L.send_ids, r), nk, ncclInt32, q, comm, st), "ncclSend ids");
       nccl_check(ncclSend(slots_at(L.send_w, r), nk, ncclFloat32, q, comm, st), "ncclSend weights");
-      nccl_check(ncclSend(slots_at(L.send_ret, r), nk, ncclInt32, q, comm, st), "ncclSend return rows");
+      if (p.route_returns)  // else the output comes back in the token row's own place
+        nccl_check(ncclSend(slots_at(L.send_ret, r), nk, ncclInt32, q, comm, st), "ncclSend return rows");
       nccl_check(ncclRecv(rows_at(L.recv_x, r), n * size_t(H), ncclBfloat16, q, comm, st), "ncclRecv rows");
       nccl_check(ncclRecv(slots_at(L.recv_ids, r), nk, ncclInt32, q, comm, st), "ncclRecv ids");
       nccl_check(ncclRecv(slots_at(L.recv_w, r), nk, ncclFloat32, q, comm, st), "ncclRecv weights");
-      nccl_check(ncclRecv(slots_at(L.recv_ret, r), nk, ncclInt32, q, comm, st), "ncclRecv return rows");
+      if (p.route_returns)
+        nccl_check(ncclRecv(slots_at(L.recv_ret, r), nk, ncclInt32, q, comm, st), "ncclRecv return rows");
     }
     nccl_check(ncclGroupEnd(), "ncclGroupEnd");
   };
   // This rank's experts on part c's token rows, up to each route's weighted row, then those rows
-  // into the return segments; slots with id -1 (other ranks' experts, padding) are dropped there.
+  // into the return segments (or the whole layer, when the owners sum); slots with id -1 (other
+  // ranks' experts, padding) are dropped there.
   auto compute_part = [&](int c, cudaStream_t st) {
     const size_t r = size_t(c) * tok_part;
     void* lws = at<void>(workspace, L.local);
