@@ -62,7 +62,7 @@ if(TARGET loom_dist)
   loom_cli_test(ep_single_mode nonzero ERR "--ep runs the ffn layer" ARGS bench --ep 2 --preset qwen35-single)
   loom_cli_test(ep_zero nonzero ERR "--ep must be >= 1" ARGS bench --ep 0 --preset qwen35-layer)
   loom_cli_test(ep_json nonzero ERR "--ep prints its table only" ARGS bench --ep 1 --preset qwen35-layer --json x.json)
-  loom_cli_test(ep_info 0 OUT "rank 3 of 8: experts 96..127 of 256.*workspace [0-9]+ MiB: rows sent"
+  loom_cli_test(ep_info 0 OUT "rank 3 of 8: experts 96..127 of 256.*workspace [0-9]+ MiB: token rows sent"
                 ARGS info --device h200 --preset qwen35-layer --tokens 4096 --ep 8 --ep-rank 3 --ep-chunks 2)
   loom_cli_test(ep_info_bad_rank nonzero ERR "rank" ARGS info --device h200 --preset qwen35-layer --ep 8 --ep-rank 8)
 endif()
