@@ -14,8 +14,8 @@
 // ncclSend/ncclRecv of fixed segments of tokens_per_peer rows per peer, full segments whatever the
 // counts (graph capture needs sizes known on the host). The owner runs its experts on them and
 // returns one row per route, in fixed segments of rows_per_peer rows. Both are tunable caps: routes
-// past them are not sent, and EpStatus::overflow_routes counts them. Rows travel in bf16 (an FP8
-// layer quantises on the owner). With chunks > 1 the exchange runs on a second stream that run_ep
+// past them are not sent, and EpStatus::overflow_routes counts them. Rows travel in bf16, or for an
+// FP8 layer as codes and 1x128 scales (the sender quantises; the owner uses them as they are). With chunks > 1 the exchange runs on a second stream that run_ep
 // forks from the caller's and joins back, so one part's rows travel while another's GEMMs run.
 // Not yet measured on several GPUs (docs/architecture.md).
 #pragma once
@@ -87,8 +87,9 @@ struct EpPlan {
   bool self_through_nccl = false;
   struct Layout {
     size_t topk_ids, topk_weights, nan_flags, dest, mark, tok_offsets, tok_row, bucket, ret_offsets, ret_row,
-        row_token, row_weight, slice_counts, status, scratch_status, overflow, slot_row, send_x, send_ids, send_w,
-        send_ret, recv_x, recv_ids, recv_w, recv_ret, out_local, out_back, local, total;
+        row_token, row_weight, slice_counts, status, scratch_status, overflow, slot_row, quant_codes, quant_scales,
+        send_x, send_scales, send_ids, send_w, send_ret, recv_x, recv_scales, recv_ids, recv_w, recv_ret, out_local,
+        out_back, local, total;
   } layout{};
 };
 

@@ -40,9 +40,18 @@ __global__ void ep_pack_tokens_kernel(const __grid_constant__ EpTables t, const 
     else if (mine)
       p.slot_row[s_j] = sent ? (c * p.ranks + q) * per_part + pos : -1;
   }
-  const uint4* src = reinterpret_cast<const uint4*>(p.hidden + int64_t(s / p.topk) * p.hidden_dim);
-  uint4* dst = reinterpret_cast<uint4*>((self ? p.recv_x : p.send_x) + int64_t(row) * p.hidden_dim);
-  for (int v = lane; v < p.hidden_dim / 8; v += 32) dst[v] = src[v];
+  const int64_t token = s / p.topk;
+  const bool fp8 = p.quant_codes != nullptr;
+  const int row_bytes = fp8 ? p.hidden_dim : 2 * p.hidden_dim;
+  const uint4* src = fp8 ? reinterpret_cast<const uint4*>(p.quant_codes + token * p.hidden_dim)
+                         : reinterpret_cast<const uint4*>(p.hidden + token * p.hidden_dim);
+  uint4* dst = reinterpret_cast<uint4*>((self ? p.recv_x : p.send_x) + int64_t(row) * row_bytes);
+  for (int v = lane; v < row_bytes / 16; v += 32) dst[v] = src[v];
+  if (fp8) {  // the row's scales, token-major on the wire (the quantisation's are group-major)
+    const int groups = (p.hidden_dim + 127) / 128;
+    float* scales = (self ? p.recv_scales : p.send_scales) + int64_t(row) * groups;
+    for (int g = lane; g < groups; g += 32) scales[g] = p.quant_scales[int64_t(g) * p.quant_rows + token];
+  }
 }
 
 }  // namespace

@@ -6,6 +6,7 @@
 #include "common/cuda_check.hpp"
 #include "dispatch/dispatch_sm90.cuh"
 #include "dist/ep_send_sm90.cuh"
+#include "quant/quant_gather_sm90.cuh"
 
 namespace loom::dist {
 
@@ -30,8 +31,13 @@ void launch_ep_send(const EpTables& t, const EpSendParams& p, cudaStream_t strea
   for (const void* ptr : need)
     if (!ptr) throw Error("ep_send: null device pointer");
   if (p.tokens > 0 && (!p.hidden || !p.ids || !p.weights)) throw Error("ep_send: null hidden, ids or weights");
-  if (p.self_rank >= p.ranks || (p.self_rank >= 0 && (!p.recv_x || !p.recv_ids || !p.recv_w || !p.recv_ret)))
+  const bool fp8 = p.quant_codes != nullptr;
+  if (p.self_rank >= p.ranks || (p.self_rank >= 0 && (!p.recv_x || !p.recv_ids || !p.recv_w || !p.recv_ret ||
+                                                      (fp8 && !p.recv_scales))))
     throw Error("ep_send: self_rank must be -1 or a rank with the receive buffers given");
+  if (fp8 && p.hidden_dim % 16) throw Error("ep_send: FP8 rows need H a multiple of 16");
+  if (fp8 && (!p.quant_scales || !p.send_scales || p.quant_rows < p.tokens || p.quant_rows % 4))
+    throw Error("ep_send: FP8 rows need quant_scales, send_scales and quant_rows >= T, a multiple of 4");
   if (reinterpret_cast<uintptr_t>(p.hidden) % 16 || reinterpret_cast<uintptr_t>(p.send_x) % 16 ||
       reinterpret_cast<uintptr_t>(p.recv_x) % 16)
     throw Error("ep_send: hidden and the send rows must be 16-byte aligned");
@@ -41,6 +47,18 @@ void launch_ep_send(const EpTables& t, const EpSendParams& p, cudaStream_t strea
     LOOM_CUDA_CHECK(cudaMemsetAsync(p.status, 0, sizeof(LayerStatus), stream));
     launch_ep_pad_segments(p, stream);
     return;
+  }
+  if (fp8) {  // the codes and scales the owner's quantisation would make of these rows
+    QuantGatherParams qp;
+    qp.hidden = p.hidden;
+    qp.tokens = p.tokens;
+    qp.hidden_dim = p.hidden_dim;
+    qp.topk = p.topk;
+    qp.padded_rows = p.quant_rows;
+    qp.a_sorted = p.quant_codes;
+    qp.a_scales = p.quant_scales;
+    qp.scale_layout = ScaleLayout::group_major;
+    launch_quant_gather(qp, stream, false);
   }
   launch_ep_owner(t, p, stream);
   DispatchParams dp;  // the (token, rank) pairs, as P "experts" and one more for the other slots

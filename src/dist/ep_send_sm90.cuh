@@ -1,7 +1,9 @@
 // Expert parallelism's send and return sides on the device (issue 49), in the token form: each
 // token travels once to each rank that owns one of its experts, with its k slots' local expert
 // ids (-1 in the slots that rank does not own), weights and return rows; the owner sends back one
-// row per route. Bit for bit dist::token_segments_ref. launch_ep_send enqueues, in order:
+// row per route. Bit for bit dist::token_segments_ref. Rows travel in bf16, or for an FP8 layer as
+// the codes and 1x128 scales the owner would make of them. launch_ep_send enqueues, in order:
+//   quant_gather    FP8 rows only: hidden's codes and scales
 //   ep_owner        dest[s] = owner of ids[s] (-1 out of range); mark[s] = dest[s] on the first
 //                   slot of token t with that owner, P on its other slots, -1 when dropped
 //   launch_dispatch over the marks as P + 1 "experts": each token's position among the tokens to
@@ -69,9 +71,15 @@ struct EpSendParams {
   float* row_weight = nullptr;
   int32_t* slice_counts = nullptr;  // ep_send_slice_count_bytes
   LayerStatus* scratch_status = nullptr;
+  // FP8 rows (quant_codes given): the sender quantises hidden first (the layer's 1x128 rule, token
+  // order, group-major scales over quant_rows = T rounded up to 4) and sends codes and scales.
+  uint8_t* quant_codes = nullptr;  // [T, H] scratch
+  float* quant_scales = nullptr;   // [ceil(H/128), quant_rows] scratch
+  int quant_rows = 0;
   // Outputs.
   LayerStatus* status = nullptr;  // nan_tokens, dropped_routes (ids outside [0, E))
-  uint16_t* send_x = nullptr;     // [C, P, tokens_per_peer / C, H] bf16
+  uint8_t* send_x = nullptr;      // [C, P, tokens_per_peer / C] rows of H bf16 (2H bytes), or H codes
+  float* send_scales = nullptr;   // FP8: [C, P, tokens_per_peer / C, ceil(H/128)] the rows' scales
   int32_t* send_ids = nullptr;    // [C, P, tokens_per_peer / C, k] local expert ids, -1 = none
   float* send_w = nullptr;        // [C, P, tokens_per_peer / C, k], 0 where the id is -1
   int32_t* send_ret = nullptr;    // [C, P, tokens_per_peer / C, k] the route's row in its part's return
@@ -86,7 +94,8 @@ struct EpSendParams {
   // This rank (-1: none): its own segment goes straight into the receive buffers, whose segment
   // from itself has the same rows, so no copy of it travels through NCCL.
   int self_rank = -1;
-  uint16_t* recv_x = nullptr;
+  uint8_t* recv_x = nullptr;
+  float* recv_scales = nullptr;
   int32_t* recv_ids = nullptr;
   float* recv_w = nullptr;
   int32_t* recv_ret = nullptr;

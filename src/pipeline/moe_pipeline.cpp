@@ -50,7 +50,7 @@ GemmLaunch gemm_launch_for(const Plan& p, const Weights& w, const Inputs& in, vo
 }
 
 void run_stages(const Plan& p, const Weights& w, const Inputs& in, void* output, void* workspace, cudaStream_t stream,
-                Stages stages, GemmLaunch* gemm) {
+                Stages stages, GemmLaunch* gemm, const QuantisedHidden* quantised) {
   const Shape& s = p.shape;
   if (in.tokens < 0 || in.tokens > s.tokens)
     throw Error("run: tokens = " + std::to_string(in.tokens) + " outside the plan's [0, " + std::to_string(s.tokens) +
@@ -62,8 +62,10 @@ void run_stages(const Plan& p, const Weights& w, const Inputs& in, void* output,
   if (!from_logits && !in.topk_weights) throw Error("run: topk_ids needs topk_weights");
   if (from_logits && s.topk > s.experts)
     throw Error("run: this plan's topk exceeds its experts: it runs precomputed routes only (plan_routed)");
-  if (!in.hidden || !output || !workspace || !w.w1) throw Error("run: null device pointer");
   const bool ffn = s.mode == Mode::ffn, fp8 = s.dtype == DType::fp8;
+  if (quantised && (!fp8 || from_logits || !quantised->codes || !quantised->scales))
+    throw Error("run: quantised hidden rows are for an FP8 plan on precomputed routes, codes and scales both");
+  if ((!in.hidden && !quantised) || !output || !workspace || !w.w1) throw Error("run: null device pointer");
   if (fp8 && !w.w1_scales) throw Error("run: fp8 weights need w1_scales");
   if (ffn && (!w.w2 || (fp8 && !w.w2_scales)))
     throw Error(fp8 ? "run: ffn mode needs w2 and w2_scales" : "run: ffn mode needs w2");
@@ -210,6 +212,10 @@ void run_stages(const Plan& p, const Weights& w, const Inputs& in, void* output,
   }
   QuantGatherParams qp;  // token order (the GEMM gathers by token) or expert-sorted rows
   qp.hidden = static_cast<const uint16_t*>(in.hidden);
+  if (quantised) {  // copied into the GEMM's layout where the stage would have quantised
+    qp.codes = quantised->codes;
+    qp.code_scales = quantised->scales;
+  }
   qp.route_row = sorted ? dp.route_row : nullptr;
   qp.tokens = T;
   qp.hidden_dim = int(s.hidden);

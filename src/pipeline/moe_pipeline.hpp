@@ -39,9 +39,18 @@ struct GemmLaunch {
 // experts -1 (dropped). Otherwise as plan().
 Plan plan_routed(const Shape& max_shape, const Options& options, const DeviceSpec& device);
 
-// gemm: when given, receives the GEMM launch's parameters and config.
+// The batch's hidden rows already quantised (expert parallelism's FP8 rows on the wire): token-major
+// codes [T, H] and fp32 scales [T, ceil(H/128)], bit for bit what the layer's quantisation makes of
+// the bf16 rows (QuantGatherParams::codes). Inputs::hidden is then unused (may be null).
+struct QuantisedHidden {
+  const uint8_t* codes = nullptr;
+  const float* scales = nullptr;
+};
+
+// gemm: when given, receives the GEMM launch's parameters and config. quantised: an FP8 plan's
+// rows, quantised already (precomputed routes only).
 void run_stages(const Plan& p, const Weights& w, const Inputs& in, void* output, void* workspace, cudaStream_t stream,
-                Stages stages, GemmLaunch* gemm = nullptr);
+                Stages stages, GemmLaunch* gemm = nullptr, const QuantisedHidden* quantised = nullptr);
 
 // The GEMM launch a run of these inputs makes, on this output and workspace: for tools that launch
 // the GEMM themselves (the lab's phase profile) on the workspace a full run prepared.

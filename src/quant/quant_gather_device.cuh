@@ -69,7 +69,11 @@ __device__ __forceinline__ void prefetch_first_units(const QuantGatherParams& p,
   if (unit >= uint64_t(p.tokens) * groups) return;
   const uint32_t t = uint32_t(unit / groups), g = uint32_t(unit - uint64_t(t) * groups);
   const uint32_t c = g * kLanesPerUnit + uint32_t(sub);  // this lane's 16-element chunk
-  if (c < uint32_t(H) / 16u) ptx::prefetch_l2(p.hidden + int64_t(t) * H + int64_t(c) * 16);
+  if (c >= uint32_t(H) / 16u) return;
+  if (p.codes)
+    ptx::prefetch_l2(p.codes + int64_t(t) * H + int64_t(c) * 16);
+  else
+    ptx::prefetch_l2(p.hidden + int64_t(t) * H + int64_t(c) * 16);
 }
 
 // One octet's (token, group) unit of a warp pass, quantised: its 16 codes and the group's scale.
@@ -136,6 +140,14 @@ __device__ __forceinline__ UnitCodes quantize_raw(uint4 raw0, uint4 raw1) {
 // Loads and quantises this lane's 16 values of unit (t, c) (inactive lanes load nothing and give
 // amax 0). Every lane of the warp must call it (octet shuffles).
 __device__ __forceinline__ UnitCodes quantize_unit(const QuantGatherParams& p, uint32_t t, uint32_t c, bool active) {
+  if (p.codes) {  // pre-quantised (warp-uniform): the unit's codes and its group's scale as given
+    UnitCodes u{make_uint4(0u, 0u, 0u, 0u), 0.0f};
+    if (active) u.codes = __ldcg(reinterpret_cast<const uint4*>(p.codes + int64_t(t) * p.hidden_dim) + c);
+    // Every lane of the octet, active or past a partial group's end, stores the scale; a lane past
+    // the last unit reads token 0's (unit_position gives it t = 0, c < 8), in bounds.
+    u.scale = __ldcg(p.code_scales + int64_t(t) * ((p.hidden_dim + 127) / 128) + c / kLanesPerUnit);
+    return u;
+  }
   uint4 raw0 = make_uint4(0u, 0u, 0u, 0u), raw1 = raw0;
   if (active) {
     const uint4* src = reinterpret_cast<const uint4*>(p.hidden + int64_t(t) * p.hidden_dim) + 2 * c;

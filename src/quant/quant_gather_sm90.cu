@@ -51,7 +51,10 @@ void check_quant_gather(const QuantGatherParams& p) {
   if (p.topk <= 0) throw Error(who + "topk must be positive, got " + std::to_string(p.topk));
   if (p.padded_rows <= 0 || p.padded_rows % 4 != 0)
     throw Error(who + "padded_rows must be a positive multiple of 4, got " + std::to_string(p.padded_rows));
-  if (!p.hidden || !p.a_sorted || !p.a_scales) throw Error(who + "null buffer");
+  if ((!p.hidden && !p.codes) || !p.a_sorted || !p.a_scales || (p.codes && !p.code_scales))
+    throw Error(who + "null buffer");
+  if (p.codes && (reinterpret_cast<uintptr_t>(p.codes) & 15u))
+    throw Error(who + "pre-quantised codes must be 16-byte aligned");
   if (!p.route_row && p.padded_rows < p.tokens)
     throw Error(who + "token order needs padded_rows >= tokens, got " + std::to_string(p.padded_rows));
   if (!aligned16(p.hidden) || !aligned16(p.a_sorted)) throw Error(who + "hidden and a_sorted must be 16-byte aligned");

@@ -29,6 +29,11 @@ struct QuantGatherParams {
   // Token order only, H a multiple of 128: each group's codes in the wgmma A-fragment order of
   // fragment_word (device_layout.hpp), for the GEMM that loads rows into registers.
   bool fragment_order = false;
+  // Pre-quantised rows (expert parallelism's FP8 rows on the wire): [T, H] codes and [T, ceil(H/128)]
+  // fp32 scales, token-major, the quantisation of the bf16 rows they came from. Given, the stage
+  // copies them into its layout (the bytes it would have computed) and hidden is unused.
+  const uint8_t* codes = nullptr;
+  const float* code_scales = nullptr;
   float* zero_out = nullptr;           // optional [T, zero_cols] fp32 to clear (the fast combine accumulates into it)
   int64_t zero_cols = 0;
   // Optional words to zero (the GEMM's dynamic work queue: it must start each run at zero, and the

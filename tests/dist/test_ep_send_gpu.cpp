@@ -2,7 +2,7 @@
 // no NCCL: the token rows with their slots' ids, weights and return rows, padding, every route's
 // return row and the overflow, in one part and in three, with caps below a rank's tokens and
 // routes and with caps nothing reaches, and with one rank's segment written in place into the
-// receive buffers (its own). Ids out of range (dropped) in every case; outputs are
+// receive buffers (its own); and the FP8 rows, as the codes and scales of the layer's quantisation. Ids out of range (dropped) in every case; outputs are
 // poisoned first.
 #include <gtest/gtest.h>
 
@@ -12,10 +12,12 @@
 #include <vector>
 
 #include "bench/device_buffer.hpp"
+#include "common/bf16.hpp"
 #include "dispatch/dispatch_sm90.cuh"
 #include "dist/ep_routes_ref.hpp"
 #include "dist/ep_send_sm90.cuh"
 #include "gpu_test.hpp"
+#include "quant/quant_ref.hpp"
 #include "test_seed.hpp"
 
 namespace loom::dist {
@@ -46,7 +48,15 @@ TEST(EpSendGpu, SegmentsEqualTheReferenceLayout) {
     ids[s] = r < 3 ? (r == 0 ? -1 : E + int32_t(r)) : r < 36 ? 2 : int32_t(rng() % E);
     w[s] = float(rng() % 1000) / 1000.0f + 0.001f;
   }
-  for (uint16_t& h : hidden) h = uint16_t(rng());
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  for (uint16_t& h : hidden) h = float_to_bf16(normal(rng)).bits;
+  // FP8 rows: what the layer's quantisation makes of each token (the bytes the sender must send).
+  std::vector<bf16> hidden_bf16(hidden.size());
+  for (size_t i = 0; i < hidden.size(); ++i) hidden_bf16[i] = bf16{hidden[i]};
+  constexpr int G = (H + 127) / 128;
+  std::vector<uint8_t> want_codes(hidden.size());
+  std::vector<float> want_scales(size_t(T * G));
+  quantize_1x128_ref(hidden_bf16.data(), T, H, want_codes.data(), want_scales.data());
   EpTables tab{};
   for (int e = 0; e < E; ++e) {
     tab.owner[e] = uint16_t(pl.owner[size_t(e)]);
@@ -54,11 +64,13 @@ TEST(EpSendGpu, SegmentsEqualTheReferenceLayout) {
   }
   struct Case {
     int chunks, tokens_per_peer, rows_per_peer, self;
+    bool fp8;  // the rows as codes and scales
   };
-  for (const Case cs : {Case{1, 40, 66, -1}, Case{3, 48, 66, 2}, Case{3, 78, 309, 1}}) {
+  for (const Case cs : {Case{1, 40, 66, -1, false}, Case{3, 48, 66, 2, false}, Case{3, 78, 309, 1, false},
+                        Case{3, 48, 66, 2, true}}) {
     const int C = cs.chunks, tcap = cs.tokens_per_peer, rcap = cs.rows_per_peer;
     SCOPED_TRACE("parts " + std::to_string(C) + " caps " + std::to_string(tcap) + "/" + std::to_string(rcap) +
-                 " self " + std::to_string(cs.self));
+                 " self " + std::to_string(cs.self) + (cs.fp8 ? " fp8" : " bf16"));
     const TokenSegments ref = token_segments_ref(pl, ids.data(), T, k, tcap, rcap, C);
     if (tcap < T) {
       ASSERT_GT(ref.tokens_to[2], tcap);  // the tight caps bind
@@ -73,7 +85,8 @@ TEST(EpSendGpu, SegmentsEqualTheReferenceLayout) {
         slices(ep_send_slice_count_bytes(T, k, P, C)), scratch(sizeof(LayerStatus)), status(sizeof(LayerStatus)),
         send_x(rows * H * 2), send_ids(rows * k * 4), send_w(rows * k * 4), send_ret(rows * k * 4),
         slot_row(R * 4), overflow(4), recv_x(rows * H * 2), recv_ids(rows * k * 4), recv_w(rows * k * 4),
-        recv_ret(rows * k * 4);
+        recv_ret(rows * k * 4), quant_codes(size_t(T * H)), quant_scales(size_t(G * (T + 3) / 4 * 4) * 4),
+        send_scales(rows * G * 4), recv_scales(rows * G * 4);
     for (DeviceBuffer* b : {&status, &send_x, &send_ids, &send_w, &send_ret, &slot_row, &overflow, &recv_x, &recv_ids,
                             &recv_w, &recv_ret})
       test::fill(b->get(), 0x7f, b->bytes());
@@ -101,14 +114,21 @@ TEST(EpSendGpu, SegmentsEqualTheReferenceLayout) {
     sp.slice_counts = slices.as<int32_t>();
     sp.scratch_status = scratch.as<LayerStatus>();
     sp.status = status.as<LayerStatus>();
-    sp.send_x = send_x.as<uint16_t>();
+    sp.send_x = send_x.as<uint8_t>();
+    if (cs.fp8) {
+      sp.quant_codes = quant_codes.as<uint8_t>();
+      sp.quant_scales = quant_scales.as<float>();
+      sp.quant_rows = (T + 3) / 4 * 4;
+      sp.send_scales = send_scales.as<float>();
+      sp.recv_scales = recv_scales.as<float>();
+    }
     sp.send_ids = send_ids.as<int32_t>();
     sp.send_w = send_w.as<float>();
     sp.send_ret = send_ret.as<int32_t>();
     sp.slot_row = slot_row.as<int32_t>();
     sp.overflow = overflow.as<uint32_t>();
     sp.self_rank = cs.self;
-    sp.recv_x = recv_x.as<uint16_t>();
+    sp.recv_x = recv_x.as<uint8_t>();
     sp.recv_ids = recv_ids.as<int32_t>();
     sp.recv_w = recv_w.as<float>();
     sp.recv_ret = recv_ret.as<int32_t>();
@@ -120,6 +140,8 @@ TEST(EpSendGpu, SegmentsEqualTheReferenceLayout) {
     EXPECT_EQ(status.to_host<LayerStatus>()[0].dropped_routes, uint32_t(ref.dropped));
     EXPECT_TRUE(slot_row.to_host<int32_t>() == ref.slot_row) << "the routes' return rows differ";
     const auto s_x = send_x.to_host<uint16_t>(), r_x = recv_x.to_host<uint16_t>();
+    const auto s_q = send_x.to_host<uint8_t>(), r_q = recv_x.to_host<uint8_t>();
+    const auto s_sc = send_scales.to_host<float>(), r_sc = recv_scales.to_host<float>();
     const auto s_ids = send_ids.to_host<int32_t>(), r_ids = recv_ids.to_host<int32_t>();
     const auto s_w = send_w.to_host<float>(), r_w = recv_w.to_host<float>();
     const auto s_ret = send_ret.to_host<int32_t>(), r_ret = recv_ret.to_host<int32_t>();
@@ -141,6 +163,14 @@ TEST(EpSendGpu, SegmentsEqualTheReferenceLayout) {
       const int32_t t = ref.token[r];
       if (t < 0) continue;  // padding: its values are not read
       ++sent_rows;
+      if (cs.fp8) {  // H codes a row, then its scales in their own buffer
+        const auto& g_q = self ? r_q : s_q;
+        const auto& g_sc = self ? r_sc : s_sc;
+        for (int h = 0; h < H; ++h)
+          ASSERT_EQ(g_q[r * H + size_t(h)], want_codes[size_t(t) * H + size_t(h)]) << "row " << r << " code " << h;
+        for (int g = 0; g < G; ++g) ASSERT_EQ(g_sc[r * G + size_t(g)], want_scales[size_t(t) * G + size_t(g)]);
+        continue;
+      }
       for (int h = 0; h < H; ++h)
         ASSERT_EQ(g_x[r * H + size_t(h)], hidden[size_t(t) * H + size_t(h)]) << "row " << r;
     }

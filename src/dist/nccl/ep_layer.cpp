@@ -105,7 +105,7 @@ EpPlan plan_ep(const Shape& max_shape, const Routing& routing, const Options& op
   bs.tokens = s.tokens;
   bs.topk = s.topk;
   bs.hidden = s.hidden;
-  bs.dtype = DType::bf16;  // the rows travel in bf16
+  bs.dtype = s.dtype;  // bf16 rows, or the FP8 layer's codes and scales
   bs.ranks = ep.size;
   bs.tokens_per_peer = ep.tokens_per_peer;
   bs.rows_per_peer = ep.rows_per_peer;
@@ -149,6 +149,8 @@ EpPlan plan_ep(const Shape& max_shape, const Routing& routing, const Options& op
 
   const int64_t R = s.tokens * s.topk, P = ep.size, H = s.hidden, k = s.topk;
   const int64_t tok_rows = P * p.tokens_per_peer, ret_rows = P * p.rows_per_peer;
+  const bool fp8 = s.dtype == DType::fp8;
+  const int64_t row_bytes = fp8 ? H : 2 * H, groups = (H + 127) / 128, quant_rows = (s.tokens + 3) / 4 * 4;
   size_t cur = 0;
   EpPlan::Layout& L = p.layout;
   L.topk_ids = carve(cur, size_t(R) * 4);
@@ -168,11 +170,15 @@ EpPlan plan_ep(const Shape& max_shape, const Routing& routing, const Options& op
   L.scratch_status = carve(cur, sizeof(LayerStatus));
   L.overflow = carve(cur, 4);
   L.slot_row = carve(cur, size_t(R) * 4);
-  L.send_x = carve(cur, size_t(tok_rows * H) * 2);
+  L.quant_codes = carve(cur, fp8 ? size_t(s.tokens * H) : 0);
+  L.quant_scales = carve(cur, fp8 ? size_t(groups * quant_rows) * 4 : 0);
+  L.send_x = carve(cur, size_t(tok_rows * row_bytes));
+  L.send_scales = carve(cur, fp8 ? size_t(tok_rows * groups) * 4 : 0);
   L.send_ids = carve(cur, size_t(tok_rows * k) * 4);
   L.send_w = carve(cur, size_t(tok_rows * k) * 4);
   L.send_ret = carve(cur, size_t(tok_rows * k) * 4);
-  L.recv_x = carve(cur, size_t(tok_rows * H) * 2);
+  L.recv_x = carve(cur, size_t(tok_rows * row_bytes));
+  L.recv_scales = carve(cur, fp8 ? size_t(tok_rows * groups) * 4 : 0);
   L.recv_ids = carve(cur, size_t(tok_rows * k) * 4);
   L.recv_w = carve(cur, size_t(tok_rows * k) * 4);
   L.recv_ret = carve(cur, size_t(tok_rows * k) * 4);
@@ -271,7 +277,17 @@ void run_ep(const EpPlan& p, const Weights& local, const Inputs& in, void* outpu
   sp.slice_counts = at<int32_t>(workspace, L.slice_counts);
   sp.scratch_status = at<LayerStatus>(workspace, L.scratch_status);
   sp.status = at<LayerStatus>(workspace, L.status);
-  sp.send_x = at<uint16_t>(workspace, L.send_x);
+  const bool fp8 = s.dtype == DType::fp8;
+  const int groups = (H + 127) / 128;
+  const size_t row_bytes = fp8 ? size_t(H) : 2 * size_t(H);
+  if (fp8) {  // the rows travel as the codes and scales the owner would make of them
+    sp.quant_codes = at<uint8_t>(workspace, L.quant_codes);
+    sp.quant_scales = at<float>(workspace, L.quant_scales);
+    sp.quant_rows = (int(s.tokens) + 3) / 4 * 4;
+    sp.send_scales = at<float>(workspace, L.send_scales);
+    sp.recv_scales = at<float>(workspace, L.recv_scales);
+  }
+  sp.send_x = at<uint8_t>(workspace, L.send_x);
   sp.send_ids = at<int32_t>(workspace, L.send_ids);
   sp.send_w = at<float>(workspace, L.send_w);
   sp.send_ret = at<int32_t>(workspace, L.send_ret);
@@ -279,7 +295,7 @@ void run_ep(const EpPlan& p, const Weights& local, const Inputs& in, void* outpu
   sp.overflow = at<uint32_t>(workspace, L.overflow);
   const int self = p.self_through_nccl ? -1 : me;
   sp.self_rank = self;  // this rank's own token rows straight into its receive buffers
-  sp.recv_x = at<uint16_t>(workspace, L.recv_x);
+  sp.recv_x = at<uint8_t>(workspace, L.recv_x);
   sp.recv_ids = at<int32_t>(workspace, L.recv_ids);
   sp.recv_w = at<float>(workspace, L.recv_w);
   sp.recv_ret = at<int32_t>(workspace, L.recv_ret);
@@ -293,6 +309,8 @@ void run_ep(const EpPlan& p, const Weights& local, const Inputs& in, void* outpu
   const int C = p.chunks, tc = int(p.chunk_tokens), rc = int(p.chunk_rows);
   const size_t tok_part = size_t(P) * size_t(tc), ret_part = size_t(P) * size_t(rc);
   auto rows_at = [&](size_t offset, size_t row) { return at<uint16_t>(workspace, offset) + row * size_t(H); };
+  auto token_rows_at = [&](size_t offset, size_t row) { return at<uint8_t>(workspace, offset) + row * row_bytes; };
+  auto scales_at = [&](size_t offset, size_t row) { return at<float>(workspace, offset) + row * size_t(groups); };
   auto slots_at = [&](size_t offset, size_t row) { return at<int32_t>(workspace, offset) + row * size_t(k); };
   auto dispatch_part = [&](int c, cudaStream_t st) {
     if ((P == 1 && self >= 0) || tc == 0) return;
@@ -300,12 +318,18 @@ void run_ep(const EpPlan& p, const Weights& local, const Inputs& in, void* outpu
     for (int q = 0; q < P; ++q) {
       if (q == self) continue;
       const size_t r = size_t(c) * tok_part + size_t(q) * size_t(tc), n = size_t(tc), nk = n * size_t(k);
-      nccl_check(ncclSend(rows_at(L.send_x, r), n * size_t(H), ncclBfloat16, q, comm, st), "ncclSend rows");
+      nccl_check(ncclSend(token_rows_at(L.send_x, r), n * row_bytes, ncclUint8, q, comm, st), "ncclSend rows");
+      if (fp8)
+        nccl_check(ncclSend(scales_at(L.send_scales, r), n * size_t(groups), ncclFloat32, q, comm, st),
+                   "ncclSend scales");
       nccl_check(ncclSend(slots_at(L.send_ids, r), nk, ncclInt32, q, comm, st), "ncclSend ids");
       nccl_check(ncclSend(slots_at(L.send_w, r), nk, ncclFloat32, q, comm, st), "ncclSend weights");
       if (p.route_returns)  // else the output comes back in the token row's own place
         nccl_check(ncclSend(slots_at(L.send_ret, r), nk, ncclInt32, q, comm, st), "ncclSend return rows");
-      nccl_check(ncclRecv(rows_at(L.recv_x, r), n * size_t(H), ncclBfloat16, q, comm, st), "ncclRecv rows");
+      nccl_check(ncclRecv(token_rows_at(L.recv_x, r), n * row_bytes, ncclUint8, q, comm, st), "ncclRecv rows");
+      if (fp8)
+        nccl_check(ncclRecv(scales_at(L.recv_scales, r), n * size_t(groups), ncclFloat32, q, comm, st),
+                   "ncclRecv scales");
       nccl_check(ncclRecv(slots_at(L.recv_ids, r), nk, ncclInt32, q, comm, st), "ncclRecv ids");
       nccl_check(ncclRecv(slots_at(L.recv_w, r), nk, ncclFloat32, q, comm, st), "ncclRecv weights");
       if (p.route_returns)
@@ -321,16 +345,19 @@ void run_ep(const EpPlan& p, const Weights& local, const Inputs& in, void* outpu
     void* lws = at<void>(workspace, L.local);
     Inputs li;
     li.tokens = int64_t(tok_part);
-    li.hidden = rows_at(L.recv_x, r);
+    li.hidden = fp8 ? nullptr : token_rows_at(L.recv_x, r);
+    QuantisedHidden qh;  // FP8: the codes and scales that travelled
+    qh.codes = token_rows_at(L.recv_x, r);
+    qh.scales = scales_at(L.recv_scales, r);
     li.topk_ids = slots_at(L.recv_ids, r);
     li.topk_weights = reinterpret_cast<const float*>(slots_at(L.recv_w, r));
     if (li.tokens == 0) return;
     uint16_t* out_part = rows_at(L.out_local, size_t(c) * ret_part);
     if (!p.route_returns) {  // the layer's output on the token rows is what goes back
-      run(p.local, local, li, out_part, lws, st);
+      run_stages(p.local, local, li, out_part, lws, st, Stages::all, nullptr, fp8 ? &qh : nullptr);
       return;
     }
-    run_stages(p.local, local, li, out_part, lws, st, Stages::route_rows);
+    run_stages(p.local, local, li, out_part, lws, st, Stages::route_rows, nullptr, fp8 ? &qh : nullptr);
     dist::EpReturnParams rp;
     rp.recv_ret = slots_at(L.recv_ret, r);
     rp.route_row = at<int32_t>(lws, p.local.layout.route_row);

@@ -20,6 +20,7 @@
 #include "common/device_info.hpp"
 #include "dist/ep_routes_ref.hpp"
 #include "loom/dist.hpp"
+#include "pipeline/moe_pipeline.hpp"
 #include "pipeline/layer_ref.hpp"
 
 namespace loom::bench {
@@ -161,15 +162,21 @@ RankRow measure(const EpPlan& p, void* ws, const LayerWeights& all, const Weight
   const EpPlan::Layout& L = p.layout;
   auto* base = static_cast<uint8_t*>(ws);
   const int64_t part = p.local.shape.tokens;
+  const bool fp8 = s.dtype == DType::fp8;  // the rows came as codes and scales
+  const int64_t row_bytes = fp8 ? s.hidden : 2 * s.hidden, groups = (s.hidden + 127) / 128;
   row.local = timer.time(
       [&](cudaStream_t st, int) {
         for (int c = 0; c < p.chunks; ++c) {
           Inputs li;
           li.tokens = part;
-          li.hidden = base + L.recv_x + size_t(c * part * s.hidden) * 2;
+          QuantisedHidden qh;
+          qh.codes = base + L.recv_x + size_t(c * part * row_bytes);
+          qh.scales = reinterpret_cast<const float*>(base + L.recv_scales) + c * part * groups;
+          li.hidden = fp8 ? nullptr : base + L.recv_x + size_t(c * part * row_bytes);
           li.topk_ids = reinterpret_cast<const int32_t*>(base + L.recv_ids) + c * part * s.topk;
           li.topk_weights = reinterpret_cast<const float*>(base + L.recv_w) + c * part * s.topk;
-          run(p.local, lw, li, base + L.out_local + size_t(c * part * s.hidden) * 2, base + L.local, st);
+          run_stages(p.local, lw, li, base + L.out_local + size_t(c * part * s.hidden) * 2, base + L.local, st,
+                     Stages::all, nullptr, fp8 ? &qh : nullptr);
         }
       },
       1, L2Mode::flush, b.timer);
