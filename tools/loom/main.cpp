@@ -66,10 +66,10 @@ bench options:
   --trace-chain N        after timing, N cold graph replays whose kernels stamp the time of each
                          traced point; prints the medians (a -DLOOM_CHAIN_TRACE=ON build only)
   --ep N                 expert parallelism over N GPUs, one process a rank (a build with NCCL):
-                         the ffn layer with each rank's own T tokens, its e2e, its local experts
-                         alone and the exchange (the difference); --tokens-per-peer N and
+                         the ffn layer with each rank's own T tokens, its e2e, and its dispatch,
+                         local experts and combine each alone; --tokens-per-peer N and
                          --rows-per-peer R set the caps of token rows sent to and route outputs
-                         returned from one peer;
+                         returned from one peer; --deterministic a row back per route;
                          --ep-chunks C[,C...] times each part count in turn (the exchange of one part
                          overlapping the GEMMs of another; default 1) and --comm-sms S the SMs the
                          local GEMMs leave to NCCL when parted (default 16)

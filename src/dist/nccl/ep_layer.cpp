@@ -14,6 +14,7 @@
 #include "dist/ep_send_sm90.cuh"
 #include "dist/placement.hpp"
 #include "gemm/combine_rows_sm90.cuh"
+#include "dist/nccl/ep_stage.hpp"
 #include "loom/dist.hpp"
 #include "pipeline/moe_pipeline.hpp"
 #include "route/route_topk_sm90.cuh"
@@ -217,6 +218,14 @@ std::string describe(const EpPlan& p) {
 
 void run_ep(const EpPlan& p, const Weights& local, const Inputs& in, void* output, void* workspace, ncclComm_t comm,
             cudaStream_t stream) {
+  run_ep_stage(p, local, in, output, workspace, comm, stream, EpStage::all);
+}
+
+void run_ep_stage(const EpPlan& p, const Weights& local, const Inputs& in, void* output, void* workspace,
+                  ncclComm_t comm, cudaStream_t stream, EpStage stage) {
+  const bool all = stage == EpStage::all, do_dispatch = all || stage == EpStage::dispatch;
+  const bool do_compute = all || stage == EpStage::compute, do_combine = all || stage == EpStage::combine;
+  if (!all && p.chunks > 1) throw Error("run_ep: a stage alone is for plans in one part (their stages overlap)");
   const Shape& s = p.shape;
   const int T = int(in.tokens), k = int(s.topk), E = int(s.experts), P = p.ep.size, H = int(s.hidden);
   if (in.tokens < 0 || in.tokens > s.tokens)
@@ -247,7 +256,7 @@ void run_ep(const EpPlan& p, const Weights& local, const Inputs& in, void* outpu
     rp.experts = E;
     rp.topk = k;
     rp.routing = p.routing;
-    if (T > 0) launch_route_topk(rp, stream, false);
+    if (T > 0 && do_dispatch) launch_route_topk(rp, stream, false);
     ids = rp.topk_ids;
     weights = rp.topk_weights;
   }
@@ -299,7 +308,7 @@ void run_ep(const EpPlan& p, const Weights& local, const Inputs& in, void* outpu
   sp.recv_ids = at<int32_t>(workspace, L.recv_ids);
   sp.recv_w = at<float>(workspace, L.recv_w);
   sp.recv_ret = at<int32_t>(workspace, L.recv_ret);
-  dist::launch_ep_send(tab, sp, stream);
+  if (do_dispatch) dist::launch_ep_send(tab, sp, stream);
 
   // Every other peer's whole segments each way, part by part: sizes the host knows, so the exchange
   // is capturable (this rank's own segments never leave it: the kernels write them in place). Part
@@ -384,9 +393,9 @@ void run_ep(const EpPlan& p, const Weights& local, const Inputs& in, void* outpu
     nccl_check(ncclGroupEnd(), "ncclGroupEnd");
   };
   if (C == 1) {
-    dispatch_part(0, stream);
-    compute_part(0, stream);
-    return_part(0, stream);
+    if (do_dispatch) dispatch_part(0, stream);
+    if (do_compute) compute_part(0, stream);
+    if (do_combine) return_part(0, stream);
   } else {
     // NCCL on the exchange stream, in the same order on every rank: all parts out, then each
     // part's outputs back once its GEMMs are done. The GEMMs stay on `stream`, so part c + 1's
@@ -421,8 +430,8 @@ void run_ep(const EpPlan& p, const Weights& local, const Inputs& in, void* outpu
   cp.topk = k;
   cp.cols = H;
   cp.out_bf16 = static_cast<uint16_t*>(output);
-  if (T > 0) launch_combine_rows(cp, stream, false);
-  if (p.options.debug_checks) {
+  if (T > 0 && do_combine) launch_combine_rows(cp, stream, false);
+  if (all && p.options.debug_checks) {
     const EpStatus st = read_status(p, workspace, stream);
     if (st.dropped_routes || st.nan_tokens || st.overflow_routes)
       throw Error("run_ep: " + std::to_string(st.dropped_routes) + " routes with ids outside [0, " + std::to_string(E) +

@@ -5,6 +5,7 @@
 //     plan's batch may choose other GEMM configs);
 //   - in parts (the chunked overlap), eagerly and from a graph, and with no tokens, the same bits;
 //   - not deterministic (the owners sum their routes), within tolerance of the one-GPU layer;
+//   - the benchmark's stages, run in turn, give the run's output;
 //   - caps below the tokens or the routes count the routes they could not send;
 //   - with two GPUs or more, P ranks (a thread each) equal the one-GPU layer on all their tokens,
 //     bit for bit, one rank with no tokens, balanced and skewed, unsplit and in parts.
@@ -20,6 +21,7 @@
 
 #include "bench/device_buffer.hpp"
 #include "common/bf16.hpp"
+#include "dist/nccl/ep_stage.hpp"
 #include "gpu_test.hpp"
 #include "loom/dist.hpp"
 #include "loom/loom.hpp"
@@ -289,6 +291,45 @@ TEST(EpLayerGpu, OwnerSumsEqualTheLayerWithinTolerance) {
       expect_close(to_bits(out, l.shape.tokens * l.shape.hidden), want, l.shape.tokens, l.shape.hidden);
     }
   }
+  ncclCommDestroy(comm);
+}
+
+// The benchmark's stages (dist/nccl/ep_stage.hpp): dispatch, compute and combine run one after
+// another give the run's bits, in both modes; a plan in parts refuses a stage alone.
+TEST(EpLayerGpu, StagesInTurnEqualTheRun) {
+  LOOM_REQUIRE_GPU();
+  LOOM_FRESH_SEED();
+  ncclComm_t comm = one_rank_comm();
+  ASSERT_NE(comm, nullptr);
+  const Layer l = make_layer(40, DType::fp8, "random", seed);
+  const DeviceWeights dw = upload(l.w);
+  const DeviceInputs d = upload_inputs(l, true);
+  test::Stream stream;
+  for (const bool det : {true, false}) {
+    SCOPED_TRACE(det ? "deterministic" : "owner sums");
+    Options o;
+    o.deterministic = det;
+    const EpPlan p = plan_ep(l.shape, Routing{}, o, ExpertParallel{});
+    DeviceBuffer ws(workspace_bytes(p)), out(size_t(l.shape.tokens * l.shape.hidden) * 2);
+    run_ep(p, dw.view(), d.in, out.get(), ws.get(), comm, stream.get());
+    LOOM_CUDA_CHECK(cudaStreamSynchronize(stream.get()));
+    const std::vector<uint16_t> want = to_bits(out, l.shape.tokens * l.shape.hidden);
+    test::fill(ws.get(), 0xff, ws.bytes());
+    test::fill(out.get(), 0xff, out.bytes());
+    for (const EpStage st : {EpStage::dispatch, EpStage::compute, EpStage::combine})
+      run_ep_stage(p, dw.view(), d.in, out.get(), ws.get(), comm, stream.get(), st);
+    LOOM_CUDA_CHECK(cudaStreamSynchronize(stream.get()));
+    if (det) {
+      EXPECT_TRUE(to_bits(out, l.shape.tokens * l.shape.hidden) == want) << "the stages in turn differ";
+    } else {  // the owner's layer combines with float atomics: not bitwise run to run
+      expect_close(to_bits(out, l.shape.tokens * l.shape.hidden), want, l.shape.tokens, l.shape.hidden);
+    }
+  }
+  ExpertParallel parted;
+  parted.chunks = 2;
+  const EpPlan pp = plan_ep(l.shape, Routing{}, Options{}, parted);
+  DeviceBuffer ws(workspace_bytes(pp)), out(size_t(l.shape.tokens * l.shape.hidden) * 2);
+  EXPECT_THROW(run_ep_stage(pp, dw.view(), d.in, out.get(), ws.get(), comm, stream.get(), EpStage::dispatch), Error);
   ncclCommDestroy(comm);
 }
 

@@ -19,6 +19,7 @@
 #include "common/cuda_check.hpp"
 #include "common/device_info.hpp"
 #include "dist/ep_routes_ref.hpp"
+#include "dist/nccl/ep_stage.hpp"
 #include "loom/dist.hpp"
 #include "pipeline/moe_pipeline.hpp"
 #include "pipeline/layer_ref.hpp"
@@ -36,6 +37,7 @@ struct RankRow {
   int chunks = 1;
   int64_t tokens = 0;
   Stats e2e, local;
+  double dispatch_us = -1, combine_us = -1;  // each stage alone (plans in one part); < 0: not timed
   double rel_err = -1;  // < 0: not checked
   double flops = 0;     // this rank's tokens: 6 T k H I
   uint32_t overflow = 0;
@@ -45,7 +47,7 @@ std::string to_line(const RankRow& r) {
   std::ostringstream s;
   s << std::setprecision(9) << r.rank << ' ' << r.chunks << ' ' << r.tokens << ' ' << r.e2e.median_us << ' '
     << r.e2e.p10_us << ' ' << r.e2e.p90_us << ' ' << r.local.median_us << ' ' << r.rel_err << ' ' << r.flops << ' '
-    << r.overflow;
+    << r.overflow << ' ' << r.dispatch_us << ' ' << r.combine_us;
   return s.str();
 }
 
@@ -60,7 +62,7 @@ RankRow from_line(const std::string& line) {
   std::istringstream s(line);
   RankRow r;
   if (!(s >> r.rank >> r.chunks >> r.tokens >> r.e2e.median_us >> r.e2e.p10_us >> r.e2e.p90_us >> r.local.median_us >>
-        r.rel_err >> r.flops >> r.overflow))
+        r.rel_err >> r.flops >> r.overflow >> r.dispatch_us >> r.combine_us))
     throw Error("loom bench --ep: a rank wrote an unreadable line: " + line);
   return r;
 }
@@ -157,6 +159,17 @@ RankRow measure(const EpPlan& p, void* ws, const LayerWeights& all, const Weight
   // Every rank replays as often as the others (the NCCL calls in the graphs pair up).
   row.e2e = timer.time([&](cudaStream_t st, int) { run_ep(p, lw, in, dout.get(), ws, comm, st); }, 1,
                        L2Mode::flush, b.timer);
+  // The dispatch (routing, the send kernels, the rows' exchange) and the combine (the outputs'
+  // exchange back, the combine) alone, on what the last run left; every rank times the same stage
+  // together.
+  if (p.chunks == 1) {
+    for (const EpStage stage : {EpStage::dispatch, EpStage::combine}) {
+      const Stats st = timer.time(
+          [&](cudaStream_t str, int) { run_ep_stage(p, lw, in, dout.get(), ws, comm, str, stage); }, 1,
+          L2Mode::flush, b.timer);
+      (stage == EpStage::dispatch ? row.dispatch_us : row.combine_us) = st.median_us;
+    }
+  }
   // The local experts alone, part after part on the rows the last run received (the local
   // plan's own workspace).
   const EpPlan::Layout& L = p.layout;
@@ -311,12 +324,14 @@ std::string run_ep_bench(const EpBenchOptions& opt, const std::string& self, con
                                      : "owners sum their routes (a row back per token and owner)")
     << "; graph replays, L2 flushed, median of " << opt.base.timer.reps << " [p10, p90], us; commit "
     << build_commit() << "\n";
-  t << "exchange = e2e - local (the rank's own experts on the rows it received, timed alone); parts: the\n"
-       "exchange and the local experts in that many chunks, overlapped (1: unsplit); one GPU: the layer on\n"
-       "P T tokens with every expert on one GPU, and how much faster the P ranks' slowest is\n";
+  t << "each timed alone: dispatch (routing, the send kernels, the rows' exchange), local (the rank's own\n"
+       "experts on the rows it received), combine (the outputs' exchange back, the combine; in parts the\n"
+       "stages overlap: '-'); parts: the exchange and the local experts in that many chunks, overlapped\n"
+       "(1: unsplit); one GPU: the layer on P T tokens with every expert on one GPU, and how much faster\n"
+       "the P ranks' slowest is\n";
   char line[256];
-  std::snprintf(line, sizeof line, "%8s %5s %5s %26s %10s %10s %9s %9s %9s\n", "T/rank", "parts", "rank",
-                "e2e [p10, p90]", "local", "exchange", "overflow", "rel-err", "TFLOP/s");
+  std::snprintf(line, sizeof line, "%8s %5s %5s %26s %9s %9s %9s %9s %9s %9s\n", "T/rank", "parts", "rank",
+                "e2e [p10, p90]", "dispatch", "local", "combine", "overflow", "rel-err", "TFLOP/s");
   t << line;
   for (const int chunks : opt.chunks) {
     for (const int64_t tok : opt.base.tokens) {
@@ -326,21 +341,26 @@ std::string run_ep_bench(const EpBenchOptions& opt, const std::string& self, con
         std::ostringstream e2e;
         e2e << std::fixed << std::setprecision(1) << r.e2e.median_us << " [" << r.e2e.p10_us << ", " << r.e2e.p90_us
             << "]";
-        std::snprintf(line, sizeof line, "%8lld %5d %5d %26s %10.1f %10.1f %9u %9s %9.1f\n", (long long)tok, chunks,
-                      r.rank, e2e.str().c_str(), r.local.median_us, r.e2e.median_us - r.local.median_us,
-                      r.overflow, sci(r.rel_err).c_str(), r.flops / r.e2e.median_us / 1e6);
+        auto us = [](double v) {
+          char b[32];
+          std::snprintf(b, sizeof b, v < 0 ? "-" : "%.1f", v);
+          return std::string(b);
+        };
+        std::snprintf(line, sizeof line, "%8lld %5d %5d %26s %9s %9.1f %9s %9u %9s %9.1f\n", (long long)tok, chunks,
+                      r.rank, e2e.str().c_str(), us(r.dispatch_us).c_str(), r.local.median_us,
+                      us(r.combine_us).c_str(), r.overflow, sci(r.rel_err).c_str(), r.flops / r.e2e.median_us / 1e6);
         t << line;
         slowest = std::max(slowest, r.e2e.median_us);
         flops += r.flops;
       }
-      std::snprintf(line, sizeof line, "%8lld %5d %5s %26.1f %10s %10s %9s %9s %9.1f\n", (long long)tok, chunks, "all",
-                    slowest, "", "", "", "", slowest > 0 ? flops / slowest / 1e6 : 0.0);
+      std::snprintf(line, sizeof line, "%8lld %5d %5s %26.1f %9s %9s %9s %9s %9s %9.1f\n", (long long)tok, chunks,
+                    "all", slowest, "", "", "", "", "", slowest > 0 ? flops / slowest / 1e6 : 0.0);
       t << line;
       if (one.count(tok) && slowest > 0) {
         const Stats& o = one[tok];
-        std::snprintf(line, sizeof line, "%8lld %5d %5s %26s %10s %10s %9s %9s %9.1f  (%.2fx one GPU)\n",
+        std::snprintf(line, sizeof line, "%8lld %5d %5s %26s %9s %9s %9s %9s %9s %9.1f  (%.2fx one GPU)\n",
                       (long long)tok, chunks, "one",
-                      (std::to_string(int64_t(o.median_us + 0.5)) + " [P T tokens]").c_str(), "", "", "", "",
+                      (std::to_string(int64_t(o.median_us + 0.5)) + " [P T tokens]").c_str(), "", "", "", "", "",
                       flops / o.median_us / 1e6, o.median_us / slowest);
         t << line;
       }
