@@ -1,7 +1,8 @@
 // Expert parallelism's send and return sides on the device (issue 49), in the token form: each
 // token travels once to each rank that owns one of its experts, with its k slots' local expert
 // ids (-1 in the slots that rank does not own), weights and return rows; the owner sends back one
-// row per route. Bit for bit dist::token_segments_ref. Rows travel in bf16, or for an FP8 layer as
+// row per route (or, with token_returns, one per token row: its routes there summed). Bit for bit
+// dist::token_segments_ref. Rows travel in bf16, or for an FP8 layer as
 // the codes and 1x128 scales the owner would make of them. launch_ep_send enqueues, in order:
 //   quant_gather    FP8 rows only: hidden's codes and scales
 //   ep_owner        dest[s] = owner of ids[s] (-1 out of range); mark[s] = dest[s] on the first
