@@ -1,12 +1,18 @@
 // Each sent route's (rank, part) bucket from its token's position among the tokens to that rank
 // (ep_send_sm90.cuh). A thread per route.
 #include "common/cuda_check.hpp"
+#include "common/launch.hpp"
 #include "dist/ep_send_sm90.cuh"
+#include "ptx/pdl.cuh"
 
 namespace loom::dist {
 namespace {
 
 __global__ void ep_buckets_kernel(const EpSendParams p) {
+  // Launched with PDL: let the next kernel launch, then wait for the previous one's writes
+  // before any global access.
+  ptx::pdl_launch_dependents();
+  ptx::pdl_wait();
   const int s = int(blockIdx.x) * int(blockDim.x) + int(threadIdx.x);
   if (s >= p.tokens * p.topk) return;
   const int32_t q = p.dest[s];
@@ -22,12 +28,11 @@ __global__ void ep_buckets_kernel(const EpSendParams p) {
 
 }  // namespace
 
-void launch_ep_buckets(const EpSendParams& p, cudaStream_t stream) {
+void launch_ep_buckets(const EpSendParams& p, cudaStream_t stream, bool pdl) {
   const int routes = p.tokens * p.topk;
   if (routes == 0) return;
   constexpr int kThreads = 256;
-  ep_buckets_kernel<<<(routes + kThreads - 1) / kThreads, kThreads, 0, stream>>>(p);
-  LOOM_CUDA_CHECK(cudaGetLastError());
+  launch_kernel(ep_buckets_kernel, dim3(unsigned((routes + kThreads - 1) / kThreads)), dim3(kThreads), 0, stream, pdl, p);
 }
 
 }  // namespace loom::dist

@@ -1,7 +1,9 @@
 // Each route's owner rank, and the mark that makes one row per (token, owner) (ep_send_sm90.cuh).
 // A thread per route; the earlier slots of its token are looked up again (k <= 16).
 #include "common/cuda_check.hpp"
+#include "common/launch.hpp"
 #include "dist/ep_send_sm90.cuh"
+#include "ptx/pdl.cuh"
 
 namespace loom::dist {
 namespace {
@@ -12,6 +14,10 @@ __device__ inline int32_t owner_of(const EpTables& t, int32_t e, int experts) {
 
 __global__ void ep_owner_kernel(const __grid_constant__ EpTables t, const int32_t* ids, int routes, int topk,
                                 int experts, int ranks, int32_t* dest, int32_t* mark) {
+  // Launched with PDL: let the next kernel launch, then wait for the previous one's writes
+  // before any global access.
+  ptx::pdl_launch_dependents();
+  ptx::pdl_wait();
   const int s = int(blockIdx.x) * int(blockDim.x) + int(threadIdx.x);
   if (s >= routes) return;
   const int32_t q = owner_of(t, ids[s], experts);
@@ -24,13 +30,12 @@ __global__ void ep_owner_kernel(const __grid_constant__ EpTables t, const int32_
 
 }  // namespace
 
-void launch_ep_owner(const EpTables& t, const EpSendParams& p, cudaStream_t stream) {
+void launch_ep_owner(const EpTables& t, const EpSendParams& p, cudaStream_t stream, bool pdl) {
   const int routes = p.tokens * p.topk;
   if (routes == 0) return;
   constexpr int kThreads = 256;
-  ep_owner_kernel<<<(routes + kThreads - 1) / kThreads, kThreads, 0, stream>>>(t, p.ids, routes, p.topk, p.experts,
-                                                                               p.ranks, p.dest, p.mark);
-  LOOM_CUDA_CHECK(cudaGetLastError());
+  launch_kernel(ep_owner_kernel, dim3(unsigned((routes + kThreads - 1) / kThreads)), dim3(kThreads), 0, stream, pdl, t,
+                p.ids, routes, p.topk, p.experts, p.ranks, p.dest, p.mark);
 }
 
 }  // namespace loom::dist

@@ -3,12 +3,18 @@
 // slot that carries the token's row to its owner does the work for all the token's slots owned
 // there (lane j: slot j), the warp of a dropped route writes its slot_row; the rest return.
 #include "common/cuda_check.hpp"
+#include "common/launch.hpp"
 #include "dist/ep_send_sm90.cuh"
+#include "ptx/pdl.cuh"
 
 namespace loom::dist {
 namespace {
 
 __global__ void ep_pack_tokens_kernel(const __grid_constant__ EpTables t, const EpSendParams p) {
+  // Launched with PDL: let the next kernel launch, then wait for the previous one's writes
+  // before any global access.
+  ptx::pdl_launch_dependents();
+  ptx::pdl_wait();
   const int warps = int(blockDim.x) / 32;
   const int s = int(blockIdx.x) * warps + int(threadIdx.x) / 32, lane = int(threadIdx.x) % 32;
   if (s >= p.tokens * p.topk) return;
@@ -56,12 +62,12 @@ __global__ void ep_pack_tokens_kernel(const __grid_constant__ EpTables t, const 
 
 }  // namespace
 
-void launch_ep_pack_tokens(const EpTables& t, const EpSendParams& p, cudaStream_t stream) {
+void launch_ep_pack_tokens(const EpTables& t, const EpSendParams& p, cudaStream_t stream, bool pdl) {
   const int routes = p.tokens * p.topk;
   if (routes == 0) return;
   constexpr int kThreads = 256, kWarps = kThreads / 32;
-  ep_pack_tokens_kernel<<<(routes + kWarps - 1) / kWarps, kThreads, 0, stream>>>(t, p);
-  LOOM_CUDA_CHECK(cudaGetLastError());
+  launch_kernel(ep_pack_tokens_kernel, dim3(unsigned((routes + kWarps - 1) / kWarps)), dim3(kThreads), 0, stream, pdl, t,
+                p);
 }
 
 }  // namespace loom::dist

@@ -4,12 +4,18 @@
 #include <algorithm>
 
 #include "common/cuda_check.hpp"
+#include "common/launch.hpp"
 #include "dist/ep_send_sm90.cuh"
+#include "ptx/pdl.cuh"
 
 namespace loom::dist {
 namespace {
 
 __global__ void ep_pad_segments_kernel(const EpSendParams p) {
+  // Launched with PDL: let the next kernel launch, then wait for the previous one's writes
+  // before any global access.
+  ptx::pdl_launch_dependents();
+  ptx::pdl_wait();
   const int j = int(blockIdx.x) * int(blockDim.x) + int(threadIdx.x);
   if (j == 0) {
     // Routes whose token was beyond a token cap (bucket P C), and routes beyond a return cap.
@@ -32,11 +38,11 @@ __global__ void ep_pad_segments_kernel(const EpSendParams p) {
 
 }  // namespace
 
-void launch_ep_pad_segments(const EpSendParams& p, cudaStream_t stream) {
+void launch_ep_pad_segments(const EpSendParams& p, cudaStream_t stream, bool pdl) {
   constexpr int kThreads = 256;
   const int slots = p.ranks * p.tokens_per_peer * p.topk;
-  ep_pad_segments_kernel<<<std::max(1, (slots + kThreads - 1) / kThreads), kThreads, 0, stream>>>(p);
-  LOOM_CUDA_CHECK(cudaGetLastError());
+  launch_kernel(ep_pad_segments_kernel, dim3(unsigned(std::max(1, (slots + kThreads - 1) / kThreads))), dim3(kThreads), 0,
+                stream, pdl, p);
 }
 
 }  // namespace loom::dist

@@ -4,12 +4,18 @@
 #include <string>
 
 #include "common/cuda_check.hpp"
+#include "common/launch.hpp"
 #include "dist/ep_send_sm90.cuh"
+#include "ptx/pdl.cuh"
 
 namespace loom::dist {
 namespace {
 
 __global__ void ep_return_rows_kernel(const EpReturnParams p) {
+  // Launched with PDL: let the next kernel launch, then wait for the previous one's writes
+  // before any global access.
+  ptx::pdl_launch_dependents();
+  ptx::pdl_wait();
   const int warps = int(blockDim.x) / 32;
   const int s = int(blockIdx.x) * warps + int(threadIdx.x) / 32, lane = int(threadIdx.x) % 32;
   if (s >= p.rows * p.topk) return;
@@ -25,7 +31,7 @@ __global__ void ep_return_rows_kernel(const EpReturnParams p) {
 
 }  // namespace
 
-void launch_ep_return_rows(const EpReturnParams& p, cudaStream_t stream) {
+void launch_ep_return_rows(const EpReturnParams& p, cudaStream_t stream, bool pdl) {
   if (p.rows < 0 || p.topk < 1 || p.hidden_dim < 8 || p.hidden_dim % 8 || p.tokens_per_source < 1 ||
       p.rows_per_source < 0 || p.rows % p.tokens_per_source)
     throw Error("ep_return_rows: rows >= 0 whole sources, k >= 1 and H a positive multiple of 8");
@@ -37,8 +43,7 @@ void launch_ep_return_rows(const EpReturnParams& p, cudaStream_t stream) {
     throw Error("ep_return_rows: y and the return rows must be 16-byte aligned");
   constexpr int kThreads = 256, kWarps = kThreads / 32;
   const int slots = p.rows * p.topk;
-  ep_return_rows_kernel<<<(slots + kWarps - 1) / kWarps, kThreads, 0, stream>>>(p);
-  LOOM_CUDA_CHECK(cudaGetLastError());
+  launch_kernel(ep_return_rows_kernel, dim3(unsigned((slots + kWarps - 1) / kWarps)), dim3(kThreads), 0, stream, pdl, p);
 }
 
 }  // namespace loom::dist

@@ -1,5 +1,5 @@
 // launch_ep_send (ep_send_sm90.cuh): the send side's checks, then its kernels and the two
-// dispatches in order on one stream.
+// dispatches in order on one stream, chained with PDL.
 #include <algorithm>
 #include <string>
 
@@ -45,7 +45,7 @@ void launch_ep_send(const EpTables& t, const EpSendParams& p, cudaStream_t strea
     LOOM_CUDA_CHECK(cudaMemsetAsync(p.tok_offsets, 0, size_t(p.ranks + 2) * 4, stream));
     LOOM_CUDA_CHECK(cudaMemsetAsync(p.ret_offsets, 0, size_t(p.ranks * p.chunks + 2) * 4, stream));
     LOOM_CUDA_CHECK(cudaMemsetAsync(p.status, 0, sizeof(LayerStatus), stream));
-    launch_ep_pad_segments(p, stream);
+    launch_ep_pad_segments(p, stream, true);
     return;
   }
   if (fp8) {  // the codes and scales the owner's quantisation would make of these rows
@@ -58,9 +58,9 @@ void launch_ep_send(const EpTables& t, const EpSendParams& p, cudaStream_t strea
     qp.a_sorted = p.quant_codes;
     qp.a_scales = p.quant_scales;
     qp.scale_layout = ScaleLayout::group_major;
-    launch_quant_gather(qp, stream, false);
+    launch_quant_gather(qp, stream, true);
   }
-  launch_ep_owner(t, p, stream);
+  launch_ep_owner(t, p, stream, true);
   DispatchParams dp;  // the (token, rank) pairs, as P "experts" and one more for the other slots
   dp.topk_ids = p.mark;
   dp.topk_weights = p.weights;
@@ -74,17 +74,17 @@ void launch_ep_send(const EpTables& t, const EpSendParams& p, cudaStream_t strea
   dp.row_weight = p.row_weight;
   dp.status = p.status;  // dropped = marks of -1 = ids out of range
   dp.slice_counts = p.slice_counts;
-  launch_dispatch(dp, stream, false);
-  launch_ep_buckets(p, stream);
+  launch_dispatch(dp, stream, true);
+  launch_ep_buckets(p, stream, true);
   dp.topk_ids = p.bucket;  // the routes by (rank, part), and one more bucket for the unsent
   dp.nan_flags = nullptr;
   dp.experts = p.ranks * p.chunks + 1;
   dp.offsets = p.ret_offsets;
   dp.route_row = p.ret_row;
   dp.status = p.scratch_status;
-  launch_dispatch(dp, stream, false);
-  launch_ep_pack_tokens(t, p, stream);
-  launch_ep_pad_segments(p, stream);
+  launch_dispatch(dp, stream, true);
+  launch_ep_pack_tokens(t, p, stream, true);
+  launch_ep_pad_segments(p, stream, true);
 }
 
 }  // namespace loom::dist

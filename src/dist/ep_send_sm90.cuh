@@ -22,7 +22,8 @@
 // and on the owner, after its local plan ran the received rows up to the weighted route rows:
 //   ep_return_rows  each route's weighted row into its return row.
 // A rank's own segments go straight to where NCCL would have put them (self_rank, self_source).
-// Plain launches on one stream (no PDL); no global scratch to clear first.
+// One stream, chained with PDL (each kernel waits before its first global access); no global
+// scratch to clear first.
 // Host-includable: plain declarations only.
 #pragma once
 
@@ -109,11 +110,13 @@ size_t ep_send_slice_count_bytes(int64_t max_tokens, int64_t topk, int ranks, in
 // T = 0 clears the counts and pads every row (the segments still travel).
 void launch_ep_send(const EpTables& t, const EpSendParams& p, cudaStream_t stream);
 
-// Its kernels, each alone (launch_ep_send checks the parameters once for all of them).
-void launch_ep_owner(const EpTables& t, const EpSendParams& p, cudaStream_t stream);
-void launch_ep_buckets(const EpSendParams& p, cudaStream_t stream);
-void launch_ep_pack_tokens(const EpTables& t, const EpSendParams& p, cudaStream_t stream);
-void launch_ep_pad_segments(const EpSendParams& p, cudaStream_t stream);
+// Its kernels, each alone (launch_ep_send checks the parameters once for all of them). pdl: launched
+// with programmatic dependent launch; every kernel here waits for its predecessor before any global
+// access.
+void launch_ep_owner(const EpTables& t, const EpSendParams& p, cudaStream_t stream, bool pdl);
+void launch_ep_buckets(const EpSendParams& p, cudaStream_t stream, bool pdl);
+void launch_ep_pack_tokens(const EpTables& t, const EpSendParams& p, cudaStream_t stream, bool pdl);
+void launch_ep_pad_segments(const EpSendParams& p, cudaStream_t stream, bool pdl);
 
 struct EpReturnParams {
   const int32_t* recv_ret = nullptr;   // [rows, k] one part's received return rows (-1: none)
@@ -128,6 +131,6 @@ struct EpReturnParams {
   int self_source = -1;
   uint16_t* self_out = nullptr;
 };
-void launch_ep_return_rows(const EpReturnParams& p, cudaStream_t stream);
+void launch_ep_return_rows(const EpReturnParams& p, cudaStream_t stream, bool pdl);
 
 }  // namespace loom::dist

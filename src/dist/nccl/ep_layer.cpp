@@ -256,7 +256,7 @@ void run_ep_stage(const EpPlan& p, const Weights& local, const Inputs& in, void*
     rp.experts = E;
     rp.topk = k;
     rp.routing = p.routing;
-    if (T > 0 && do_dispatch) launch_route_topk(rp, stream, false);
+    if (T > 0 && do_dispatch) launch_route_topk(rp, stream, true);
     ids = rp.topk_ids;
     weights = rp.topk_weights;
   }
@@ -379,7 +379,7 @@ void run_ep_stage(const EpPlan& p, const Weights& local, const Inputs& in, void*
     rp.out = out_part;
     rp.self_source = self;  // this rank's own routes straight to where its returns land
     rp.self_out = rows_at(L.out_back, size_t(c) * ret_part);
-    dist::launch_ep_return_rows(rp, st);
+    dist::launch_ep_return_rows(rp, st, true);
   };
   auto return_part = [&](int c, cudaStream_t st) {
     if ((P == 1 && self >= 0) || rc == 0) return;
@@ -430,7 +430,7 @@ void run_ep_stage(const EpPlan& p, const Weights& local, const Inputs& in, void*
   cp.topk = k;
   cp.cols = H;
   cp.out_bf16 = static_cast<uint16_t*>(output);
-  if (T > 0 && do_combine) launch_combine_rows(cp, stream, false);
+  if (T > 0 && do_combine) launch_combine_rows(cp, stream, true);
   if (all && p.options.debug_checks) {
     const EpStatus st = read_status(p, workspace, stream);
     if (st.dropped_routes || st.nan_tokens || st.overflow_routes)
