@@ -13,11 +13,13 @@
 // local ids, -1 where another rank owns the expert, and weights beside it), by grouped
 // ncclSend/ncclRecv of fixed segments of tokens_per_peer rows per peer, full segments whatever the
 // counts (graph capture needs sizes known on the host). The owner runs its experts on them and
-// returns one row per route, in fixed segments of rows_per_peer rows. Both are tunable caps: routes
-// past them are not sent, and EpStatus::overflow_routes counts them. Rows travel in bf16, or for an
-// FP8 layer as codes and 1x128 scales (the sender quantises; the owner uses them as they are). With chunks > 1 the exchange runs on a second stream that run_ep
-// forks from the caller's and joins back, so one part's rows travel while another's GEMMs run.
-// Not yet measured on several GPUs (docs/architecture.md).
+// returns one row per route (Options::deterministic) or per token row (its routes summed), in
+// fixed segments. Both segment sizes are tunable caps: routes past them are not sent, and
+// EpStatus::overflow_routes counts them. Rows travel in bf16, or for an FP8 layer as codes and
+// 1x128 scales (the sender quantises; the owner uses them as they are). A rank's own segments
+// never leave it. With chunks > 1 the exchange runs on a second stream that run_ep forks from the
+// caller's and joins back, so one part's rows travel while another's GEMMs run. Not yet measured
+// on several GPUs (docs/architecture.md).
 #pragma once
 
 #include <nccl.h>

@@ -32,7 +32,8 @@ void launch_ep_buckets(const EpSendParams& p, cudaStream_t stream, bool pdl) {
   const int routes = p.tokens * p.topk;
   if (routes == 0) return;
   constexpr int kThreads = 256;
-  launch_kernel(ep_buckets_kernel, dim3(unsigned((routes + kThreads - 1) / kThreads)), dim3(kThreads), 0, stream, pdl, p);
+  const dim3 grid(unsigned((routes + kThreads - 1) / kThreads));
+  launch_kernel(ep_buckets_kernel, grid, dim3(kThreads), 0, stream, pdl, p);
 }
 
 }  // namespace loom::dist

@@ -34,8 +34,9 @@ void launch_ep_owner(const EpTables& t, const EpSendParams& p, cudaStream_t stre
   const int routes = p.tokens * p.topk;
   if (routes == 0) return;
   constexpr int kThreads = 256;
-  launch_kernel(ep_owner_kernel, dim3(unsigned((routes + kThreads - 1) / kThreads)), dim3(kThreads), 0, stream, pdl, t,
-                p.ids, routes, p.topk, p.experts, p.ranks, p.dest, p.mark);
+  const dim3 grid(unsigned((routes + kThreads - 1) / kThreads));
+  launch_kernel(ep_owner_kernel, grid, dim3(kThreads), 0, stream, pdl, t, p.ids, routes, p.topk, p.experts, p.ranks,
+                p.dest, p.mark);
 }
 
 }  // namespace loom::dist

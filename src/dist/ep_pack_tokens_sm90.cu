@@ -66,8 +66,8 @@ void launch_ep_pack_tokens(const EpTables& t, const EpSendParams& p, cudaStream_
   const int routes = p.tokens * p.topk;
   if (routes == 0) return;
   constexpr int kThreads = 256, kWarps = kThreads / 32;
-  launch_kernel(ep_pack_tokens_kernel, dim3(unsigned((routes + kWarps - 1) / kWarps)), dim3(kThreads), 0, stream, pdl, t,
-                p);
+  const dim3 grid(unsigned((routes + kWarps - 1) / kWarps));
+  launch_kernel(ep_pack_tokens_kernel, grid, dim3(kThreads), 0, stream, pdl, t, p);
 }
 
 }  // namespace loom::dist

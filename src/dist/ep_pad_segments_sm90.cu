@@ -41,8 +41,8 @@ __global__ void ep_pad_segments_kernel(const EpSendParams p) {
 void launch_ep_pad_segments(const EpSendParams& p, cudaStream_t stream, bool pdl) {
   constexpr int kThreads = 256;
   const int slots = p.ranks * p.tokens_per_peer * p.topk;
-  launch_kernel(ep_pad_segments_kernel, dim3(unsigned(std::max(1, (slots + kThreads - 1) / kThreads))), dim3(kThreads), 0,
-                stream, pdl, p);
+  const dim3 grid(unsigned(std::max(1, (slots + kThreads - 1) / kThreads)));
+  launch_kernel(ep_pad_segments_kernel, grid, dim3(kThreads), 0, stream, pdl, p);
 }
 
 }  // namespace loom::dist

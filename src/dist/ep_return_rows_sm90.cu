@@ -43,7 +43,8 @@ void launch_ep_return_rows(const EpReturnParams& p, cudaStream_t stream, bool pd
     throw Error("ep_return_rows: y and the return rows must be 16-byte aligned");
   constexpr int kThreads = 256, kWarps = kThreads / 32;
   const int slots = p.rows * p.topk;
-  launch_kernel(ep_return_rows_kernel, dim3(unsigned((slots + kWarps - 1) / kWarps)), dim3(kThreads), 0, stream, pdl, p);
+  const dim3 grid(unsigned((slots + kWarps - 1) / kWarps));
+  launch_kernel(ep_return_rows_kernel, grid, dim3(kThreads), 0, stream, pdl, p);
 }
 
 }  // namespace loom::dist

@@ -2,8 +2,8 @@
 // no NCCL: the token rows with their slots' ids, weights and return rows, padding, every route's
 // return row and the overflow, in one part and in three, with caps below a rank's tokens and
 // routes and with caps nothing reaches, and with one rank's segment written in place into the
-// receive buffers (its own); and the FP8 rows, as the codes and scales of the layer's quantisation. Ids out of range (dropped) in every case; outputs are
-// poisoned first.
+// receive buffers (its own); and the FP8 rows, as the codes and scales of the layer's
+// quantisation. Ids out of range (dropped) in every case; outputs are poisoned first.
 #include <gtest/gtest.h>
 
 #include <algorithm>
