@@ -1,6 +1,7 @@
 // The fused BF16 -> FP8 quantise + gather kernel against quantize_1x128_ref gathered on the host:
 // codes and scales bit for bit in every sorted row a route targets, poison left untouched everywhere
-// else (nothing written out of place), and the fast combine's output cleared to +0.
+// else (nothing written out of place), and the fast combine's output cleared to +0; and the same
+// from pre-quantised rows (their codes and scales copied into the layout).
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
@@ -87,6 +88,7 @@ struct Case {
   bool token_order = false;  // route_row = nullptr: row t = token t (what the pipeline runs)
   ScaleLayout scale_layout = ScaleLayout::group_major;  // row_quads: sorted rows only
   bool fragment_order = false;  // token order, H % 128 == 0: codes in wgmma A-fragment order
+  bool pre_quantised = false;   // the reference's codes and scales given (QuantGatherParams::codes)
 };
 
 std::string describe(const Case& c) {
@@ -94,7 +96,7 @@ std::string describe(const Case& c) {
   s << "T=" << c.T << " H=" << c.H << " k=" << c.k << " E=" << c.E << " zero_cols=" << c.zero_cols
     << " dist=" << to_string(c.dist) << " pdl=" << c.pdl << (c.token_order ? " token-order" : " gathered")
     << (c.scale_layout == ScaleLayout::row_quads ? " scales in row quads" : " scales group-major")
-    << (c.fragment_order ? " codes in fragment order" : "");
+    << (c.fragment_order ? " codes in fragment order" : "") << (c.pre_quantised ? " pre-quantised" : "");
   return s.str();
 }
 
@@ -144,6 +146,7 @@ void run_case(const Case& c, uint64_t seed) {
   std::vector<uint8_t> q_ref(size_t(T * H));
   std::vector<float> s_ref(size_t(T * G));
   quantize_1x128_ref(hidden.data(), T, H, q_ref.data(), s_ref.data());
+  const std::vector<uint8_t> q_plain = q_ref;  // what a pre-quantised source gives, token-major
   if (c.fragment_order) {
     std::vector<uint8_t> plain = q_ref;
     to_fragment_order(plain.data(), T, H, q_ref.data());
@@ -168,9 +171,16 @@ void run_case(const Case& c, uint64_t seed) {
   d_a.upload(std::vector<uint8_t>(want_a.size(), kCodePoison));
   d_s.upload(std::vector<uint32_t>(want_s.size(), kNaNBits));
   d_zero.upload(std::vector<uint32_t>(size_t(T * zc), kNaNBits));
+  DevBuf d_codes(q_plain.size()), d_code_scales(s_ref.size() * 4);
+  d_codes.upload(q_plain);
+  d_code_scales.upload(s_ref);
 
   QuantGatherParams p;
-  p.hidden = d_hidden.as<uint16_t>();
+  p.hidden = c.pre_quantised ? nullptr : d_hidden.as<uint16_t>();
+  if (c.pre_quantised) {  // copied into the layout: the same bytes as quantised here
+    p.codes = d_codes.as<uint8_t>();
+    p.code_scales = d_code_scales.as<float>();
+  }
   p.route_row = c.token_order ? nullptr : d_route.as<int32_t>();
   p.tokens = c.T;
   p.hidden_dim = c.H;
@@ -265,6 +275,10 @@ TEST(QuantGatherGpu, MatchesReferenceBitForBit) {
       if (n % 4 >= 2) c.scale_layout = ScaleLayout::row_quads;
       // Token order with whole 128-groups: half in the A-fragment code order.
       if (c.token_order && H % 128 == 0 && n % 2 == 0) c.fragment_order = true;
+      run_case(c, seed + uint64_t(n));
+      if (HasFatalFailure()) return;
+      // The same case from pre-quantised rows (expert parallelism's FP8 rows on the wire).
+      c.pre_quantised = true;
       run_case(c, seed + uint64_t(n));
       ++n;
       if (HasFatalFailure()) return;
