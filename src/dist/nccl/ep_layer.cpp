@@ -327,22 +327,19 @@ void run_ep_stage(const EpPlan& p, const Weights& local, const Inputs& in, void*
     for (int q = 0; q < P; ++q) {
       if (q == self) continue;
       const size_t r = size_t(c) * tok_part + size_t(q) * size_t(tc), n = size_t(tc), nk = n * size_t(k);
-      nccl_check(ncclSend(token_rows_at(L.send_x, r), n * row_bytes, ncclUint8, q, comm, st), "ncclSend rows");
+      // Each buffer's segment to q out, and q's segment to this rank into the same rows of its
+      // receive twin: the receiver posts the same list, so the pairs match in order.
+      auto both = [&](size_t send, size_t recv, auto row_at, size_t count, ncclDataType_t type, const char* what) {
+        nccl_check(ncclSend(row_at(send, r), count, type, q, comm, st), what);
+        nccl_check(ncclRecv(row_at(recv, r), count, type, q, comm, st), what);
+      };
+      both(L.send_x, L.recv_x, token_rows_at, n * row_bytes, ncclUint8, "ncclSend/ncclRecv rows");
       if (fp8)
-        nccl_check(ncclSend(scales_at(L.send_scales, r), n * size_t(groups), ncclFloat32, q, comm, st),
-                   "ncclSend scales");
-      nccl_check(ncclSend(slots_at(L.send_ids, r), nk, ncclInt32, q, comm, st), "ncclSend ids");
-      nccl_check(ncclSend(slots_at(L.send_w, r), nk, ncclFloat32, q, comm, st), "ncclSend weights");
+        both(L.send_scales, L.recv_scales, scales_at, n * size_t(groups), ncclFloat32, "ncclSend/ncclRecv scales");
+      both(L.send_ids, L.recv_ids, slots_at, nk, ncclInt32, "ncclSend/ncclRecv ids");
+      both(L.send_w, L.recv_w, slots_at, nk, ncclFloat32, "ncclSend/ncclRecv weights");
       if (p.route_returns)  // else the output comes back in the token row's own place
-        nccl_check(ncclSend(slots_at(L.send_ret, r), nk, ncclInt32, q, comm, st), "ncclSend return rows");
-      nccl_check(ncclRecv(token_rows_at(L.recv_x, r), n * row_bytes, ncclUint8, q, comm, st), "ncclRecv rows");
-      if (fp8)
-        nccl_check(ncclRecv(scales_at(L.recv_scales, r), n * size_t(groups), ncclFloat32, q, comm, st),
-                   "ncclRecv scales");
-      nccl_check(ncclRecv(slots_at(L.recv_ids, r), nk, ncclInt32, q, comm, st), "ncclRecv ids");
-      nccl_check(ncclRecv(slots_at(L.recv_w, r), nk, ncclFloat32, q, comm, st), "ncclRecv weights");
-      if (p.route_returns)
-        nccl_check(ncclRecv(slots_at(L.recv_ret, r), nk, ncclInt32, q, comm, st), "ncclRecv return rows");
+        both(L.send_ret, L.recv_ret, slots_at, nk, ncclInt32, "ncclSend/ncclRecv return rows");
     }
     nccl_check(ncclGroupEnd(), "ncclGroupEnd");
   };
