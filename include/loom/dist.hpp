@@ -89,9 +89,9 @@ struct EpPlan {
   bool self_through_nccl = false;
   struct Layout {
     size_t topk_ids, topk_weights, nan_flags, dest, mark, tok_offsets, tok_row, bucket, ret_offsets, ret_row,
-        row_token, row_weight, slice_counts, status, scratch_status, overflow, slot_row, quant_codes, quant_scales,
-        send_x, send_scales, send_ids, send_w, send_ret, recv_x, recv_scales, recv_ids, recv_w, recv_ret, out_local,
-        out_back, local, total;
+        row_token, row_weight, slice_counts, status, scratch_status, overflow, slot_row, send_x, send_scales,
+        send_ids, send_w, send_ret, recv_x, recv_scales, recv_ids, recv_w, recv_ret, out_local, out_back, local,
+        total;
   } layout{};
 };
 

@@ -94,6 +94,7 @@ TokenSegments token_segments_ref(const Placement& p, const int32_t* ids, int64_t
   s.slot.assign(s.ids.size(), -1);
   s.ret.assign(s.ids.size(), -1);
   s.slot_row.assign(size_t(tokens * topk), -1);
+  s.token_slot_row.assign(s.slot_row.size(), -1);
   s.tokens_to.assign(size_t(P), 0);
   std::vector<int64_t> next_ret(size_t(P * chunks), 0);  // routes so far per (rank, part), slot order
   for (int64_t t = 0; t < tokens; ++t)
@@ -115,6 +116,7 @@ TokenSegments token_segments_ref(const Placement& p, const int32_t* ids, int64_t
             c = i % chunks;
             row = ((c * P + q) * per_tok) + i / chunks;
             s.token[size_t(row)] = int32_t(t);
+            s.token_slot_row[size_t(slot)] = int32_t(row);
           }
         }
         if (row == rows) {

@@ -62,6 +62,9 @@ struct TokenSegments {
   std::vector<int32_t> slot;      // [P tokens_per_peer, k] the route slot t k + j behind each id, -1
   std::vector<int32_t> ret;       // [P tokens_per_peer, k] the return row in the part's segment, -1
   std::vector<int32_t> slot_row;  // [T k] the route's row in the return buffer [C][P][rows_per_peer / C]
+  // [T k] when the owners sum (token returns): on the token's first slot to each rank its send row
+  // (the row its sum comes back to), -1 on the other slots and when the token is not sent.
+  std::vector<int32_t> token_slot_row;
   std::vector<int64_t> tokens_to; // [P] tokens with a route to each rank (sent or not)
   int64_t overflow = 0;           // routes with an owner but not sent
   int64_t dropped = 0;            // ids outside [0, E)

@@ -1,12 +1,11 @@
-// launch_ep_send (ep_send_sm90.cuh): the send side's checks, then its kernels and the two
-// dispatches in order on one stream, chained with PDL.
+// launch_ep_send (ep_send_sm90.cuh): the send side's checks, then its kernels and dispatches in
+// order on one stream, chained with PDL.
 #include <algorithm>
 #include <string>
 
 #include "common/cuda_check.hpp"
 #include "dispatch/dispatch_sm90.cuh"
 #include "dist/ep_send_sm90.cuh"
-#include "quant/quant_gather_sm90.cuh"
 
 namespace loom::dist {
 
@@ -25,40 +24,33 @@ void launch_ep_send(const EpTables& t, const EpSendParams& p, cudaStream_t strea
   if (p.token_returns && int64_t(p.rows_per_peer) != int64_t(p.tokens_per_peer) * p.topk)
     throw Error("ep_send: token returns take rows_per_peer = tokens_per_peer k (no route cap)");
   if (p.ranks * p.chunks + 1 > kGpuMaxExperts) throw Error("ep_send: P C + 1 buckets beyond the dispatch's experts");
-  const void* need[] = {p.dest,      p.mark,       p.tok_offsets, p.tok_row,        p.bucket,  p.ret_offsets,
-                        p.ret_row,   p.row_token,  p.row_weight,  p.scratch_status, p.status,  p.send_x,
-                        p.send_ids,  p.send_w,     p.send_ret,    p.slot_row,       p.overflow};
+  const void* need[] = {p.dest,   p.mark,    p.tok_offsets, p.tok_row,  p.row_token, p.row_weight,
+                        p.status, p.send_x,  p.send_ids,    p.send_w,   p.slot_row,  p.overflow};
   for (const void* ptr : need)
     if (!ptr) throw Error("ep_send: null device pointer");
+  // Route returns only: the routes' (rank, part) buckets and return rows.
+  const void* need_routes[] = {p.bucket, p.ret_offsets, p.ret_row, p.scratch_status, p.send_ret};
+  for (const void* ptr : need_routes)
+    if (!ptr && !p.token_returns) throw Error("ep_send: null device pointer for the route returns");
   if (p.tokens > 0 && (!p.hidden || !p.ids || !p.weights)) throw Error("ep_send: null hidden, ids or weights");
-  const bool fp8 = p.quant_codes != nullptr;
-  if (p.self_rank >= p.ranks || (p.self_rank >= 0 && (!p.recv_x || !p.recv_ids || !p.recv_w || !p.recv_ret ||
-                                                      (fp8 && !p.recv_scales))))
+  const bool fp8 = p.fp8_rows;
+  if (p.self_rank >= p.ranks ||
+      (p.self_rank >= 0 && (!p.recv_x || !p.recv_ids || !p.recv_w || (!p.token_returns && !p.recv_ret) ||
+                            (fp8 && !p.recv_scales))))
     throw Error("ep_send: self_rank must be -1 or a rank with the receive buffers given");
   if (fp8 && p.hidden_dim % 16) throw Error("ep_send: FP8 rows need H a multiple of 16");
-  if (fp8 && (!p.quant_scales || !p.send_scales || p.quant_rows < p.tokens || p.quant_rows % 4))
-    throw Error("ep_send: FP8 rows need quant_scales, send_scales and quant_rows >= T, a multiple of 4");
+  if (fp8 && !p.send_scales) throw Error("ep_send: FP8 rows need send_scales");
   if (reinterpret_cast<uintptr_t>(p.hidden) % 16 || reinterpret_cast<uintptr_t>(p.send_x) % 16 ||
       reinterpret_cast<uintptr_t>(p.recv_x) % 16)
     throw Error("ep_send: hidden and the send rows must be 16-byte aligned");
   if (p.tokens == 0) {  // no routes: every count zero, every row padding
     LOOM_CUDA_CHECK(cudaMemsetAsync(p.tok_offsets, 0, size_t(p.ranks + 2) * 4, stream));
-    LOOM_CUDA_CHECK(cudaMemsetAsync(p.ret_offsets, 0, size_t(p.ranks * p.chunks + 2) * 4, stream));
+    if (!p.token_returns)
+      LOOM_CUDA_CHECK(cudaMemsetAsync(p.ret_offsets, 0, size_t(p.ranks * p.chunks + 2) * 4, stream));
     LOOM_CUDA_CHECK(cudaMemsetAsync(p.status, 0, sizeof(LayerStatus), stream));
-    launch_ep_pad_segments(p, stream, true);
+    LOOM_CUDA_CHECK(cudaMemsetAsync(p.overflow, 0, sizeof(uint32_t), stream));
+    launch_ep_pack_tokens(t, p, stream, true);
     return;
-  }
-  if (fp8) {  // the codes and scales the owner's quantisation would make of these rows
-    QuantGatherParams qp;
-    qp.hidden = p.hidden;
-    qp.tokens = p.tokens;
-    qp.hidden_dim = p.hidden_dim;
-    qp.topk = p.topk;
-    qp.padded_rows = p.quant_rows;
-    qp.a_sorted = p.quant_codes;
-    qp.a_scales = p.quant_scales;
-    qp.scale_layout = ScaleLayout::group_major;
-    launch_quant_gather(qp, stream, true);
   }
   launch_ep_owner(t, p, stream, true);
   DispatchParams dp;  // the (token, rank) pairs, as P "experts" and one more for the other slots
@@ -75,16 +67,17 @@ void launch_ep_send(const EpTables& t, const EpSendParams& p, cudaStream_t strea
   dp.status = p.status;  // dropped = marks of -1 = ids out of range
   dp.slice_counts = p.slice_counts;
   launch_dispatch(dp, stream, true);
-  launch_ep_buckets(p, stream, true);
-  dp.topk_ids = p.bucket;  // the routes by (rank, part), and one more bucket for the unsent
-  dp.nan_flags = nullptr;
-  dp.experts = p.ranks * p.chunks + 1;
-  dp.offsets = p.ret_offsets;
-  dp.route_row = p.ret_row;
-  dp.status = p.scratch_status;
-  launch_dispatch(dp, stream, true);
+  if (!p.token_returns) {
+    launch_ep_buckets(p, stream, true);
+    dp.topk_ids = p.bucket;  // the routes by (rank, part), and one more bucket for the unsent
+    dp.nan_flags = nullptr;
+    dp.experts = p.ranks * p.chunks + 1;
+    dp.offsets = p.ret_offsets;
+    dp.route_row = p.ret_row;
+    dp.status = p.scratch_status;
+    launch_dispatch(dp, stream, true);
+  }
   launch_ep_pack_tokens(t, p, stream, true);
-  launch_ep_pad_segments(p, stream, true);
 }
 
 }  // namespace loom::dist

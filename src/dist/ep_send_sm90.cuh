@@ -2,28 +2,29 @@
 // token travels once to each rank that owns one of its experts, with its k slots' local expert
 // ids (-1 in the slots that rank does not own), weights and return rows; the owner sends back one
 // row per route (or, with token_returns, one per token row: its routes there summed). Bit for bit
-// dist::token_segments_ref. Rows travel in bf16, or for an FP8 layer as
-// the codes and 1x128 scales the owner would make of them. launch_ep_send enqueues, in order:
-//   quant_gather    FP8 rows only: hidden's codes and scales
+// dist::token_segments_ref. Rows travel in bf16, or for an FP8 layer as the codes and 1x128 scales
+// the owner would make of them. launch_ep_send enqueues, in order:
 //   ep_owner        dest[s] = owner of ids[s] (-1 out of range); mark[s] = dest[s] on the first
 //                   slot of token t with that owner, P on its other slots, -1 when dropped
 //   launch_dispatch over the marks as P + 1 "experts": each token's position among the tokens to
 //                   a rank (token order), the per-rank token counts, the status (dropped routes,
 //                   NaN tokens)
-//   ep_buckets      bucket[s] = q C + (the token's position mod C), or P C when the token is
-//                   beyond the rank's token cap (its routes are not sent)
-//   launch_dispatch over the buckets: each route's position among the routes of its (rank, part)
-//                   in slot order, its return row there
-//   ep_pack_tokens  the token rows, their ids, weights and return rows; slot_row[s] = where route
-//                   s's output comes back, -1 if it is not sent
-//   ep_pad_segments the token rows past a rank's count (ids -1, weight 0, return -1) and the
-//                   overflow (routes not sent: their token beyond the token cap or they beyond
-//                   the return cap)
+//   ep_buckets      route returns only: bucket[s] = q C + (the token's position mod C), or P C
+//                   when the token is beyond the rank's token cap (its routes are not sent)
+//   launch_dispatch route returns only, over the buckets: each route's position among the routes
+//                   of its (rank, part) in slot order, its return row there
+//   ep_pack_tokens  the token rows (FP8: quantised as they are packed), their ids, weights and
+//                   return rows; slot_row[s] = where route s's output comes back, -1 if it is
+//                   not sent; in the same launch the token rows past a rank's count (ids -1,
+//                   weight 0, return -1) and the overflow (routes not sent: their token beyond
+//                   the token cap or they beyond the return cap; with token returns ep_owner
+//                   zeroes it and the pack adds to it)
 // and on the owner, after its local plan ran the received rows up to the weighted route rows:
 //   ep_return_rows  each route's weighted row into its return row.
 // A rank's own segments go straight to where NCCL would have put them (self_rank, self_source).
 // One stream, chained with PDL (each kernel waits before its first global access); no global
-// scratch to clear first.
+// scratch to clear first. With token returns (the default layer) that is three launches: ep_owner,
+// the dispatch (one kernel up to 1024 routes, two past), ep_pack_tokens.
 // Host-includable: plain declarations only.
 #pragma once
 
@@ -66,18 +67,16 @@ struct EpSendParams {
   int32_t* mark = nullptr;
   int32_t* tok_offsets = nullptr;  // [P + 2]
   int32_t* tok_row = nullptr;
-  int32_t* bucket = nullptr;
+  int32_t* bucket = nullptr;       // bucket, ret_*, scratch_status: route returns only
   int32_t* ret_offsets = nullptr;  // [P C + 2]
   int32_t* ret_row = nullptr;
   int32_t* row_token = nullptr;    // the dispatches' sorted-row outputs, unused here
   float* row_weight = nullptr;
   int32_t* slice_counts = nullptr;  // ep_send_slice_count_bytes
   LayerStatus* scratch_status = nullptr;
-  // FP8 rows (quant_codes given): the sender quantises hidden first (the layer's 1x128 rule, token
-  // order, group-major scales over quant_rows = T rounded up to 4) and sends codes and scales.
-  uint8_t* quant_codes = nullptr;  // [T, H] scratch
-  float* quant_scales = nullptr;   // [ceil(H/128), quant_rows] scratch
-  int quant_rows = 0;
+  // FP8 rows: each sent row is the layer's 1x128 quantisation of the token (codes in send_x, its
+  // scales in send_scales), made as it is packed.
+  bool fp8_rows = false;
   // Outputs.
   LayerStatus* status = nullptr;  // nan_tokens, dropped_routes (ids outside [0, E))
   uint8_t* send_x = nullptr;      // [C, P, tokens_per_peer / C] rows of H bf16 (2H bytes), or H codes
@@ -85,13 +84,14 @@ struct EpSendParams {
   int32_t* send_ids = nullptr;    // [C, P, tokens_per_peer / C, k] local expert ids, -1 = none
   float* send_w = nullptr;        // [C, P, tokens_per_peer / C, k], 0 where the id is -1
   int32_t* send_ret = nullptr;    // [C, P, tokens_per_peer / C, k] the route's row in its part's return
-                                  // segment from this rank, -1 where the id is -1
+                                  // segment from this rank, -1 where the id is -1; route returns only
   int32_t* slot_row = nullptr;    // [T, k] the route's row in the return buffer [C, P, rows_per_peer / C]
-  uint32_t* overflow = nullptr;   // routes not sent (one plain store)
+  uint32_t* overflow = nullptr;   // routes not sent
   // The owner returns one row per token row (its routes there summed), not one per route:
   // slot_row[s] of a token's first slot to a rank is that token row (plus P tokens_per_peer for
   // this rank's own, which are read from the owner's output that follows the returned rows), -1
-  // on its other slots. rows_per_peer must then be tokens_per_peer k (no route cap).
+  // on its other slots. rows_per_peer must then be tokens_per_peer k (no route cap). The routes'
+  // return rows are not made: no buckets, no second dispatch, send_ret and recv_ret untouched.
   bool token_returns = false;
   // This rank (-1: none): its own segment goes straight into the receive buffers, whose segment
   // from itself has the same rows, so no copy of it travels through NCCL.
@@ -115,8 +115,7 @@ void launch_ep_send(const EpTables& t, const EpSendParams& p, cudaStream_t strea
 // access.
 void launch_ep_owner(const EpTables& t, const EpSendParams& p, cudaStream_t stream, bool pdl);
 void launch_ep_buckets(const EpSendParams& p, cudaStream_t stream, bool pdl);
-void launch_ep_pack_tokens(const EpTables& t, const EpSendParams& p, cudaStream_t stream, bool pdl);
-void launch_ep_pad_segments(const EpSendParams& p, cudaStream_t stream, bool pdl);
+void launch_ep_pack_tokens(const EpTables& t, const EpSendParams& p, cudaStream_t stream, bool pdl);  // and pads
 
 struct EpReturnParams {
   const int32_t* recv_ret = nullptr;   // [rows, k] one part's received return rows (-1: none)

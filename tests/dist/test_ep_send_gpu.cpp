@@ -2,8 +2,9 @@
 // no NCCL: the token rows with their slots' ids, weights and return rows, padding, every route's
 // return row and the overflow, in one part and in three, with caps below a rank's tokens and
 // routes and with caps nothing reaches, and with one rank's segment written in place into the
-// receive buffers (its own); and the FP8 rows, as the codes and scales of the layer's
-// quantisation. Ids out of range (dropped) in every case; outputs are poisoned first.
+// receive buffers (its own); the FP8 rows, as the codes and scales of the layer's quantisation;
+// and with token returns (the owners sum: no route scratch given, one return row per token and
+// owner, the return-row buffers left untouched). Ids out of range (dropped) in every case; outputs are poisoned first.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -28,7 +29,7 @@ using bench::DeviceBuffer;
 TEST(EpSendGpu, SegmentsEqualTheReferenceLayout) {
   LOOM_REQUIRE_GPU();
   LOOM_FRESH_SEED();
-  constexpr int T = 77, k = 4, E = 24, P = 4, H = 64;
+  constexpr int T = 77, k = 4, E = 24, P = 4, H = 656;  // FP8: 6 groups, the last of 16
   std::mt19937_64 rng(seed);
   EpConfig cfg;
   cfg.size = P;
@@ -64,13 +65,17 @@ TEST(EpSendGpu, SegmentsEqualTheReferenceLayout) {
   }
   struct Case {
     int chunks, tokens_per_peer, rows_per_peer, self;
-    bool fp8;  // the rows as codes and scales
+    bool fp8;            // the rows as codes and scales
+    bool token_returns;  // the owners sum: one row back per token row, no route cap
   };
-  for (const Case cs : {Case{1, 40, 66, -1, false}, Case{3, 48, 66, 2, false}, Case{3, 78, 309, 1, false},
-                        Case{3, 48, 66, 2, true}}) {
+  for (const Case cs : {Case{1, 40, 66, -1, false, false}, Case{3, 48, 66, 2, false, false},
+                        Case{3, 78, 309, 1, false, false}, Case{3, 48, 66, 2, true, false},
+                        Case{1, 40, 40 * k, -1, false, true}, Case{3, 48, 48 * k, 2, true, true},
+                        Case{3, 78, 78 * k, 1, false, true}}) {
     const int C = cs.chunks, tcap = cs.tokens_per_peer, rcap = cs.rows_per_peer;
+    const bool tr = cs.token_returns;
     SCOPED_TRACE("parts " + std::to_string(C) + " caps " + std::to_string(tcap) + "/" + std::to_string(rcap) +
-                 " self " + std::to_string(cs.self) + (cs.fp8 ? " fp8" : " bf16"));
+                 " self " + std::to_string(cs.self) + (cs.fp8 ? " fp8" : " bf16") + (tr ? " token returns" : ""));
     const TokenSegments ref = token_segments_ref(pl, ids.data(), T, k, tcap, rcap, C);
     if (tcap < T) {
       ASSERT_GT(ref.tokens_to[2], tcap);  // the tight caps bind
@@ -85,8 +90,7 @@ TEST(EpSendGpu, SegmentsEqualTheReferenceLayout) {
         slices(ep_send_slice_count_bytes(T, k, P, C)), scratch(sizeof(LayerStatus)), status(sizeof(LayerStatus)),
         send_x(rows * H * 2), send_ids(rows * k * 4), send_w(rows * k * 4), send_ret(rows * k * 4),
         slot_row(R * 4), overflow(4), recv_x(rows * H * 2), recv_ids(rows * k * 4), recv_w(rows * k * 4),
-        recv_ret(rows * k * 4), quant_codes(size_t(T * H)), quant_scales(size_t(G * (T + 3) / 4 * 4) * 4),
-        send_scales(rows * G * 4), recv_scales(rows * G * 4);
+        recv_ret(rows * k * 4), send_scales(rows * G * 4), recv_scales(rows * G * 4);
     for (DeviceBuffer* b : {&status, &send_x, &send_ids, &send_w, &send_ret, &slot_row, &overflow, &recv_x, &recv_ids,
                             &recv_w, &recv_ret})
       test::fill(b->get(), 0x7f, b->bytes());
@@ -102,43 +106,49 @@ TEST(EpSendGpu, SegmentsEqualTheReferenceLayout) {
     sp.chunks = C;
     sp.tokens_per_peer = tcap;
     sp.rows_per_peer = rcap;
+    sp.token_returns = tr;
     sp.dest = dest.as<int32_t>();
     sp.mark = mark.as<int32_t>();
     sp.tok_offsets = tok_off.as<int32_t>();
     sp.tok_row = tok_row.as<int32_t>();
-    sp.bucket = bucket.as<int32_t>();
-    sp.ret_offsets = ret_off.as<int32_t>();
-    sp.ret_row = ret_row.as<int32_t>();
+    // The route returns' scratch: with token returns it must not be needed (null).
+    sp.bucket = tr ? nullptr : bucket.as<int32_t>();
+    sp.ret_offsets = tr ? nullptr : ret_off.as<int32_t>();
+    sp.ret_row = tr ? nullptr : ret_row.as<int32_t>();
     sp.row_token = row_token.as<int32_t>();
     sp.row_weight = row_weight.as<float>();
     sp.slice_counts = slices.as<int32_t>();
-    sp.scratch_status = scratch.as<LayerStatus>();
+    sp.scratch_status = tr ? nullptr : scratch.as<LayerStatus>();
     sp.status = status.as<LayerStatus>();
     sp.send_x = send_x.as<uint8_t>();
     if (cs.fp8) {
-      sp.quant_codes = quant_codes.as<uint8_t>();
-      sp.quant_scales = quant_scales.as<float>();
-      sp.quant_rows = (T + 3) / 4 * 4;
+      sp.fp8_rows = true;
       sp.send_scales = send_scales.as<float>();
       sp.recv_scales = recv_scales.as<float>();
     }
     sp.send_ids = send_ids.as<int32_t>();
     sp.send_w = send_w.as<float>();
-    sp.send_ret = send_ret.as<int32_t>();
+    sp.send_ret = tr ? nullptr : send_ret.as<int32_t>();
     sp.slot_row = slot_row.as<int32_t>();
     sp.overflow = overflow.as<uint32_t>();
     sp.self_rank = cs.self;
     sp.recv_x = recv_x.as<uint8_t>();
     sp.recv_ids = recv_ids.as<int32_t>();
     sp.recv_w = recv_w.as<float>();
-    sp.recv_ret = recv_ret.as<int32_t>();
+    sp.recv_ret = tr ? nullptr : recv_ret.as<int32_t>();
     test::Stream stream;
     launch_ep_send(tab, sp, stream.get());
     LOOM_CUDA_CHECK(cudaStreamSynchronize(stream.get()));
 
     EXPECT_EQ(overflow.to_host<uint32_t>()[0], uint32_t(ref.overflow));
     EXPECT_EQ(status.to_host<LayerStatus>()[0].dropped_routes, uint32_t(ref.dropped));
-    EXPECT_TRUE(slot_row.to_host<int32_t>() == ref.slot_row) << "the routes' return rows differ";
+    std::vector<int32_t> want_slot_row = ref.slot_row;
+    if (tr) {  // the token's send row; this rank's own are read after the P tcap returned rows
+      want_slot_row = ref.token_slot_row;
+      for (int32_t& r : want_slot_row)
+        if (r >= 0 && (r / (tcap / C)) % P == cs.self) r += P * tcap;
+    }
+    EXPECT_TRUE(slot_row.to_host<int32_t>() == want_slot_row) << "the routes' return rows differ";
     const auto s_x = send_x.to_host<uint16_t>(), r_x = recv_x.to_host<uint16_t>();
     const auto s_q = send_x.to_host<uint8_t>(), r_q = recv_x.to_host<uint8_t>();
     const auto s_sc = send_scales.to_host<float>(), r_sc = recv_scales.to_host<float>();
@@ -157,7 +167,11 @@ TEST(EpSendGpu, SegmentsEqualTheReferenceLayout) {
       for (int j = 0; j < k; ++j) {
         const size_t a = r * k + size_t(j);
         ASSERT_EQ(g_ids[a], ref.ids[a]) << "row " << r << " slot " << j;
-        ASSERT_EQ(g_ret[a], ref.ret[a]) << "row " << r << " slot " << j;
+        if (tr) {
+          ASSERT_EQ(g_ret[a], 0x7f7f7f7f) << "row " << r << " slot " << j << ": return rows written";
+        } else {
+          ASSERT_EQ(g_ret[a], ref.ret[a]) << "row " << r << " slot " << j;
+        }
         ASSERT_EQ(g_w[a], ref.slot[a] < 0 ? 0.0f : w[size_t(ref.slot[a])]) << "row " << r << " slot " << j;
       }
       const int32_t t = ref.token[r];

@@ -151,7 +151,8 @@ EpPlan plan_ep(const Shape& max_shape, const Routing& routing, const Options& op
   const int64_t R = s.tokens * s.topk, P = ep.size, H = s.hidden, k = s.topk;
   const int64_t tok_rows = P * p.tokens_per_peer, ret_rows = P * p.rows_per_peer;
   const bool fp8 = s.dtype == DType::fp8;
-  const int64_t row_bytes = fp8 ? H : 2 * H, groups = (H + 127) / 128, quant_rows = (s.tokens + 3) / 4 * 4;
+  const int64_t row_bytes = fp8 ? H : 2 * H, groups = (H + 127) / 128;
+  const bool routes = p.route_returns;  // else no route return rows are made or sent
   size_t cur = 0;
   EpPlan::Layout& L = p.layout;
   L.topk_ids = carve(cur, size_t(R) * 4);
@@ -161,9 +162,9 @@ EpPlan plan_ep(const Shape& max_shape, const Routing& routing, const Options& op
   L.mark = carve(cur, size_t(R) * 4);
   L.tok_offsets = carve(cur, size_t(P + 2) * 4);
   L.tok_row = carve(cur, size_t(R) * 4);
-  L.bucket = carve(cur, size_t(R) * 4);
-  L.ret_offsets = carve(cur, size_t(P * p.chunks + 2) * 4);
-  L.ret_row = carve(cur, size_t(R) * 4);
+  L.bucket = carve(cur, routes ? size_t(R) * 4 : 0);
+  L.ret_offsets = carve(cur, routes ? size_t(P * p.chunks + 2) * 4 : 0);
+  L.ret_row = carve(cur, routes ? size_t(R) * 4 : 0);
   L.row_token = carve(cur, size_t(R) * 4);
   L.row_weight = carve(cur, size_t(R) * 4);
   L.slice_counts = carve(cur, dist::ep_send_slice_count_bytes(s.tokens, s.topk, ep.size, p.chunks));
@@ -171,18 +172,16 @@ EpPlan plan_ep(const Shape& max_shape, const Routing& routing, const Options& op
   L.scratch_status = carve(cur, sizeof(LayerStatus));
   L.overflow = carve(cur, 4);
   L.slot_row = carve(cur, size_t(R) * 4);
-  L.quant_codes = carve(cur, fp8 ? size_t(s.tokens * H) : 0);
-  L.quant_scales = carve(cur, fp8 ? size_t(groups * quant_rows) * 4 : 0);
   L.send_x = carve(cur, size_t(tok_rows * row_bytes));
   L.send_scales = carve(cur, fp8 ? size_t(tok_rows * groups) * 4 : 0);
   L.send_ids = carve(cur, size_t(tok_rows * k) * 4);
   L.send_w = carve(cur, size_t(tok_rows * k) * 4);
-  L.send_ret = carve(cur, size_t(tok_rows * k) * 4);
+  L.send_ret = carve(cur, routes ? size_t(tok_rows * k) * 4 : 0);
   L.recv_x = carve(cur, size_t(tok_rows * row_bytes));
   L.recv_scales = carve(cur, fp8 ? size_t(tok_rows * groups) * 4 : 0);
   L.recv_ids = carve(cur, size_t(tok_rows * k) * 4);
   L.recv_w = carve(cur, size_t(tok_rows * k) * 4);
-  L.recv_ret = carve(cur, size_t(tok_rows * k) * 4);
+  L.recv_ret = carve(cur, routes ? size_t(tok_rows * k) * 4 : 0);
   // The returned rows, then this rank's outputs to return: one block, so that with token returns
   // the combine reads a token's row from this rank's own experts past the returned ones.
   L.out_back = carve(cur, size_t(2 * ret_rows * H) * 2);
@@ -278,9 +277,10 @@ void run_ep_stage(const EpPlan& p, const Weights& local, const Inputs& in, void*
   sp.mark = at<int32_t>(workspace, L.mark);
   sp.tok_offsets = at<int32_t>(workspace, L.tok_offsets);
   sp.tok_row = at<int32_t>(workspace, L.tok_row);
-  sp.bucket = at<int32_t>(workspace, L.bucket);
-  sp.ret_offsets = at<int32_t>(workspace, L.ret_offsets);
-  sp.ret_row = at<int32_t>(workspace, L.ret_row);
+  const bool routes = p.route_returns;  // else the route return rows' scratch has no room
+  sp.bucket = routes ? at<int32_t>(workspace, L.bucket) : nullptr;
+  sp.ret_offsets = routes ? at<int32_t>(workspace, L.ret_offsets) : nullptr;
+  sp.ret_row = routes ? at<int32_t>(workspace, L.ret_row) : nullptr;
   sp.row_token = at<int32_t>(workspace, L.row_token);
   sp.row_weight = at<float>(workspace, L.row_weight);
   sp.slice_counts = at<int32_t>(workspace, L.slice_counts);
@@ -289,17 +289,15 @@ void run_ep_stage(const EpPlan& p, const Weights& local, const Inputs& in, void*
   const bool fp8 = s.dtype == DType::fp8;
   const int groups = (H + 127) / 128;
   const size_t row_bytes = fp8 ? size_t(H) : 2 * size_t(H);
-  if (fp8) {  // the rows travel as the codes and scales the owner would make of them
-    sp.quant_codes = at<uint8_t>(workspace, L.quant_codes);
-    sp.quant_scales = at<float>(workspace, L.quant_scales);
-    sp.quant_rows = (int(s.tokens) + 3) / 4 * 4;
+  sp.fp8_rows = fp8;  // the rows travel as the codes and scales the owner would make of them
+  if (fp8) {
     sp.send_scales = at<float>(workspace, L.send_scales);
     sp.recv_scales = at<float>(workspace, L.recv_scales);
   }
   sp.send_x = at<uint8_t>(workspace, L.send_x);
   sp.send_ids = at<int32_t>(workspace, L.send_ids);
   sp.send_w = at<float>(workspace, L.send_w);
-  sp.send_ret = at<int32_t>(workspace, L.send_ret);
+  sp.send_ret = routes ? at<int32_t>(workspace, L.send_ret) : nullptr;
   sp.slot_row = at<int32_t>(workspace, L.slot_row);
   sp.overflow = at<uint32_t>(workspace, L.overflow);
   const int self = p.self_through_nccl ? -1 : me;
@@ -307,7 +305,7 @@ void run_ep_stage(const EpPlan& p, const Weights& local, const Inputs& in, void*
   sp.recv_x = at<uint8_t>(workspace, L.recv_x);
   sp.recv_ids = at<int32_t>(workspace, L.recv_ids);
   sp.recv_w = at<float>(workspace, L.recv_w);
-  sp.recv_ret = at<int32_t>(workspace, L.recv_ret);
+  sp.recv_ret = routes ? at<int32_t>(workspace, L.recv_ret) : nullptr;
   if (do_dispatch) dist::launch_ep_send(tab, sp, stream);
 
   // Every other peer's whole segments each way, part by part: sizes the host knows, so the exchange
