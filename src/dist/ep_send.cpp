@@ -52,6 +52,10 @@ void launch_ep_send(const EpTables& t, const EpSendParams& p, cudaStream_t strea
     launch_ep_pack_tokens(t, p, stream, true);
     return;
   }
+  if (ep_send_small_fits(p)) {  // the layout in each CTA's shared memory: one launch
+    launch_ep_send_small(t, p, stream, true);
+    return;
+  }
   launch_ep_owner(t, p, stream, true);
   DispatchParams dp;  // the (token, rank) pairs, as P "experts" and one more for the other slots
   dp.topk_ids = p.mark;

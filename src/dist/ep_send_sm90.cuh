@@ -24,7 +24,9 @@
 // A rank's own segments go straight to where NCCL would have put them (self_rank, self_source).
 // One stream, chained with PDL (each kernel waits before its first global access); no global
 // scratch to clear first. With token returns (the default layer) that is three launches: ep_owner,
-// the dispatch (one kernel up to 1024 routes, two past), ep_pack_tokens.
+// the dispatch (one kernel up to 1024 routes, two past), ep_pack_tokens; and for a small batch
+// (ep_send_small_fits) one, ep_send_small, whose every CTA builds the batch's token layout in
+// shared memory and packs its share from it.
 // Host-includable: plain declarations only.
 #pragma once
 
@@ -116,6 +118,13 @@ void launch_ep_send(const EpTables& t, const EpSendParams& p, cudaStream_t strea
 void launch_ep_owner(const EpTables& t, const EpSendParams& p, cudaStream_t stream, bool pdl);
 void launch_ep_buckets(const EpSendParams& p, cudaStream_t stream, bool pdl);
 void launch_ep_pack_tokens(const EpTables& t, const EpSendParams& p, cudaStream_t stream, bool pdl);  // and pads
+
+// The one-launch form: token returns, 1 <= T k <= kEpSendSmallRoutes, P <= 64 and the layout
+// (8 T + 2 T P + T k bytes) within kEpSendSmallSmem. Bit for bit the three launches' outputs.
+constexpr int kEpSendSmallRoutes = 1024;
+constexpr size_t kEpSendSmallSmem = 40 * 1024;
+bool ep_send_small_fits(const EpSendParams& p);
+void launch_ep_send_small(const EpTables& t, const EpSendParams& p, cudaStream_t stream, bool pdl);
 
 struct EpReturnParams {
   const int32_t* recv_ret = nullptr;   // [rows, k] one part's received return rows (-1: none)

@@ -63,7 +63,8 @@ Placement make_placement(int64_t experts, const EpConfig& ep) {
   if (range_given) {
     // The range must be exactly this rank's experts, whichever way the owners were given.
     bool same = int64_t(p.local_experts.size()) == ep.expert_count;
-    for (size_t i = 0; same && i < p.local_experts.size(); ++i) same = p.local_experts[i] == ep.first_expert + int64_t(i);
+    for (size_t i = 0; same && i < p.local_experts.size(); ++i)
+      same = p.local_experts[i] == ep.first_expert + int64_t(i);
     if (!same)
       fail("rank " + std::to_string(ep.rank) + " is given experts [" + std::to_string(ep.first_expert) + ", " +
            std::to_string(ep.first_expert + ep.expert_count) + ") but owns " +

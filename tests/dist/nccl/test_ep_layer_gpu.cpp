@@ -258,39 +258,41 @@ TEST(EpLayerGpu, PartsEqualTheLayer) {
 // Not deterministic: the owner returns its layer's output per token row (its routes summed), the
 // sender adds its owners' rows. One rank: within tolerance of the one-GPU layer in the same mode
 // (the deterministic one rounds each route's row first: FP8 differs from it by ~3e-3), BF16 and
-// FP8, in one part and in three, in place and through NCCL, eagerly and from a graph.
+// FP8, in one part and in three, in place and through NCCL, eagerly and from a graph; at T k = 160
+// routes (the one-launch send side) and 1200 (the three launches).
 TEST(EpLayerGpu, OwnerSumsEqualTheLayerWithinTolerance) {
   LOOM_REQUIRE_GPU();
   LOOM_FRESH_SEED();
   ncclComm_t comm = one_rank_comm();
   ASSERT_NE(comm, nullptr);
-  for (const DType dt : {DType::bf16, DType::fp8}) {
-    const Layer l = make_layer(40, dt, "random", seed);
-    const DeviceWeights dw = upload(l.w);
-    const std::vector<uint16_t> want = one_gpu(l, dw, true, false);
-    for (const auto& [chunks, through_nccl] : {std::pair{1, false}, std::pair{3, true}}) {
-      SCOPED_TRACE(std::string(to_string(dt)) + " chunks " + std::to_string(chunks) +
-                   (through_nccl ? ", own segments through NCCL" : ""));
-      ExpertParallel ep;
-      ep.chunks = chunks;
-      EpPlan p = plan_ep(l.shape, Routing{}, Options{}, ep);
-      EXPECT_FALSE(p.route_returns);
-      EXPECT_EQ(p.rows_per_peer, p.tokens_per_peer);
-      p.self_through_nccl = through_nccl;
-      DeviceBuffer ws(workspace_bytes(p)), out(size_t(l.shape.tokens * l.shape.hidden) * 2);
-      test::fill(ws.get(), 0xff, ws.bytes());
-      test::fill(out.get(), 0xff, out.bytes());
-      const DeviceInputs d = upload_inputs(l, true);
-      test::Stream stream;
-      run_ep(p, dw.view(), d.in, out.get(), ws.get(), comm, stream.get());
-      LOOM_CUDA_CHECK(cudaStreamSynchronize(stream.get()));
-      expect_close(to_bits(out, l.shape.tokens * l.shape.hidden), want, l.shape.tokens, l.shape.hidden);
-      EXPECT_EQ(read_status(p, ws.get(), stream.get()).overflow_routes, 0u);
-      test::fill(out.get(), 0xff, out.bytes());
-      replay_captured(p, dw.view(), d.in, out.get(), ws.get(), comm, stream.get(), 2);
-      expect_close(to_bits(out, l.shape.tokens * l.shape.hidden), want, l.shape.tokens, l.shape.hidden);
+  for (const int64_t T : {40, 300})
+    for (const DType dt : {DType::bf16, DType::fp8}) {
+      const Layer l = make_layer(T, dt, "random", seed);
+      const DeviceWeights dw = upload(l.w);
+      const std::vector<uint16_t> want = one_gpu(l, dw, true, false);
+      for (const auto& [chunks, through_nccl] : {std::pair{1, false}, std::pair{3, true}}) {
+        SCOPED_TRACE("T " + std::to_string(T) + " " + to_string(dt) + " chunks " + std::to_string(chunks) +
+                     (through_nccl ? ", own segments through NCCL" : ""));
+        ExpertParallel ep;
+        ep.chunks = chunks;
+        EpPlan p = plan_ep(l.shape, Routing{}, Options{}, ep);
+        EXPECT_FALSE(p.route_returns);
+        EXPECT_EQ(p.rows_per_peer, p.tokens_per_peer);
+        p.self_through_nccl = through_nccl;
+        DeviceBuffer ws(workspace_bytes(p)), out(size_t(l.shape.tokens * l.shape.hidden) * 2);
+        test::fill(ws.get(), 0xff, ws.bytes());
+        test::fill(out.get(), 0xff, out.bytes());
+        const DeviceInputs d = upload_inputs(l, true);
+        test::Stream stream;
+        run_ep(p, dw.view(), d.in, out.get(), ws.get(), comm, stream.get());
+        LOOM_CUDA_CHECK(cudaStreamSynchronize(stream.get()));
+        expect_close(to_bits(out, l.shape.tokens * l.shape.hidden), want, l.shape.tokens, l.shape.hidden);
+        EXPECT_EQ(read_status(p, ws.get(), stream.get()).overflow_routes, 0u);
+        test::fill(out.get(), 0xff, out.bytes());
+        replay_captured(p, dw.view(), d.in, out.get(), ws.get(), comm, stream.get(), 2);
+        expect_close(to_bits(out, l.shape.tokens * l.shape.hidden), want, l.shape.tokens, l.shape.hidden);
+      }
     }
-  }
   ncclCommDestroy(comm);
 }
 
@@ -364,6 +366,22 @@ TEST(EpLayerGpu, ACapBelowTheRoutesCountsWhatItCouldNotSend) {
     const std::vector<uint16_t> want = one_gpu(l, dw, true), got = to_bits(out, l.shape.tokens * l.shape.hidden);
     const size_t sent = size_t(10 * l.shape.hidden);
     EXPECT_TRUE(std::equal(got.begin(), got.begin() + sent, want.begin())) << "a sent token differs";
+    EXPECT_TRUE(std::all_of(got.begin() + sent, got.end(), [](uint16_t b) { return b == 0; }))
+        << "a token past the cap is not zero";
+  }
+  {  // the owners sum: the same cap, counted by the send side's own kernels
+    ExpertParallel few = ep;
+    few.rows_per_peer = 0;
+    few.tokens_per_peer = 10;
+    const EpPlan p = plan_ep(l.shape, Routing{}, Options{}, few);
+    DeviceBuffer ws(workspace_bytes(p)), out(size_t(l.shape.tokens * l.shape.hidden) * 2);
+    test::fill(out.get(), 0xff, out.bytes());
+    run_ep(p, dw.view(), in, out.get(), ws.get(), comm, stream.get());
+    EXPECT_EQ(read_status(p, ws.get(), stream.get()).overflow_routes, 160u - 40u);
+    const std::vector<uint16_t> want = one_gpu(l, dw, true, false), got = to_bits(out, l.shape.tokens * l.shape.hidden);
+    const size_t sent = size_t(10 * l.shape.hidden);
+    expect_close(std::vector<uint16_t>(got.begin(), got.begin() + sent),
+                 std::vector<uint16_t>(want.begin(), want.begin() + sent), 10, l.shape.hidden);
     EXPECT_TRUE(std::all_of(got.begin() + sent, got.end(), [](uint16_t b) { return b == 0; }))
         << "a token past the cap is not zero";
   }
